@@ -1,0 +1,139 @@
+"""NIH ChestX-ray14: 14 findings per frontal chest X-ray, as a multi-hot label.
+
+Reads every published layout of the metadata: the 2017 ``Data_Entry_2017.csv``
+(header ends with a comma and has bracketed columns), the v2020 variant (a
+trailing comma on every row, ``Patient Sex``) and Kaggle's ``sample_labels.csv``
+(CRLF, ages like ``060Y``). Columns are taken by position, since the headers
+disagree. Images may sit anywhere below the root (flat ``images/`` or Kaggle's
+``images_001/images/`` ...).
+"""
+import csv
+import logging
+import os
+from pathlib import Path
+
+import pandas as pd
+import tensorflow as tf
+from sklearn.model_selection import GroupShuffleSplit
+
+from data import images
+from data.errors import DatasetError
+from data.samples.chest_xray import make_sample  # noqa: F401  (part of the module interface)
+from data.spec import DatasetSpec
+
+log = logging.getLogger(__name__)
+
+FINDINGS = ("Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass", "Nodule", "Pneumonia",
+            "Pneumothorax", "Consolidation", "Edema", "Emphysema", "Fibrosis", "Pleural_Thickening", "Hernia")
+NO_FINDING = "No Finding"
+SPEC = DatasetSpec(name="chest_xray", task="multilabel", class_names=FINDINGS, channels=1)
+
+# Most specific first: when several are present the newest metadata wins.
+METADATA_FILES = ("Data_Entry_2017_v2020.csv", "Data_Entry_2017.csv", "sample_labels.csv")
+# Positions shared by all variants (their header names differ).
+COLUMNS = ("image", "findings", "follow_up", "patient_id", "patient_age", "patient_sex", "view_position")
+_AGE_UNITS = {"Y": 1.0, "M": 1 / 12, "W": 1 / 52, "D": 1 / 365}
+
+
+def find_metadata(root: Path) -> Path:
+    """Returns the metadata CSV under `root`, preferring the newest release."""
+    found = {}
+    for path in root.rglob("*.csv"):
+        name = path.name
+        if name.startswith("Data_Entry_2017") or name.startswith("sample_labels"):
+            found.setdefault(name, path)
+    for preferred in METADATA_FILES:
+        if preferred in found:
+            return found[preferred]
+    if found:
+        return sorted(found.values())[0]
+    raise DatasetError(f"no Data_Entry_2017*.csv or sample_labels.csv under {root}")
+
+
+def parse_age(value) -> float:
+    """Age in years from ``58`` or Kaggle's ``060Y``/``013M``/``001D``."""
+    text = str(value).strip()
+    if text and text[-1].upper() in _AGE_UNITS:
+        return float(text[:-1]) * _AGE_UNITS[text[-1].upper()]
+    return float(text) if text else float("nan")
+
+
+def multi_hot(findings: str, where: str) -> list:
+    """The 14-finding multi-hot vector of a ``Finding Labels`` cell such as ``Mass|Nodule``."""
+    labels = [0] * len(FINDINGS)
+    for finding in str(findings).split("|"):
+        finding = finding.strip()
+        if finding == NO_FINDING:
+            continue
+        if finding not in FINDINGS:
+            raise DatasetError(f"{where}: unknown finding {finding!r}; expected one of {', '.join(FINDINGS)} "
+                               f"or {NO_FINDING!r}")
+        labels[FINDINGS.index(finding)] = 1
+    return labels
+
+
+def read_metadata(csv_path: Path) -> pd.DataFrame:
+    """Parses any variant of the metadata CSV into one row per image."""
+    with open(csv_path, newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    short = next((line for line, row in enumerate(rows, 2) if row and len(row) < len(COLUMNS)), None)
+    if short is not None:
+        raise DatasetError(f"{csv_path}:{short}: expected at least {len(COLUMNS)} comma-separated fields")
+    table = pd.DataFrame([row[:len(COLUMNS)] for row in rows if row], columns=COLUMNS)
+    table["label"] = [multi_hot(findings, f"{csv_path}:{line} ({image})")
+                      for line, image, findings in zip(range(2, len(table) + 2), table.image, table.findings)]
+    table["patient_id"] = table.patient_id.astype(int)
+    table["patient_age"] = table.patient_age.map(parse_age)
+    return table
+
+
+def _read_list(path: Path) -> set:
+    return {line.strip() for line in path.read_text().splitlines() if line.strip()}
+
+
+def split(table: pd.DataFrame, root: Path, validation_fraction: float, seed: int) -> dict:
+    """Official lists where present, else a patient-wise split; no patient is in two splits."""
+    train_val_list, test_list = root / "train_val_list.txt", root / "test_list.txt"
+    if train_val_list.exists() or test_list.exists():
+        if train_val_list.exists():
+            in_train_val = table.image.isin(_read_list(train_val_list))
+        else:
+            in_train_val = ~table.image.isin(_read_list(test_list))
+        train_val, test = table[in_train_val], table[~in_train_val]
+    else:
+        train_val, test = table, table.iloc[:0]
+    splitter = GroupShuffleSplit(n_splits=1, test_size=validation_fraction, random_state=seed)
+    train_rows, val_rows = next(splitter.split(train_val, groups=train_val.patient_id))
+    splits = {"train": train_val.iloc[train_rows], "validation": train_val.iloc[val_rows]}
+    if len(test):
+        splits["test"] = test
+    return {name: part.reset_index(drop=True) for name, part in splits.items()}
+
+
+def index(root, cfg, skipped) -> dict:
+    """Tables of (path, label) per split; rows whose image file is absent are skipped."""
+    root = Path(root)
+    csv_path = find_metadata(root)
+    table = read_metadata(csv_path)
+    files = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".png"):
+                files.setdefault(name, os.path.join(directory, name))
+    table["path"] = table.image.map(files)
+    missing = table.path.isna()
+    for image in table.image[missing]:
+        skipped.add(image, "missing image file")
+    if missing.any():
+        log.warning("%d of %d rows in %s have no image file under %s", missing.sum(), len(table), csv_path.name,
+                    root)
+    table = table[~missing]
+    if table.empty:
+        raise DatasetError(f"none of the images listed in {csv_path} are under {root}")
+    return split(table, root, cfg.dataset.validation_fraction, cfg.seed)
+
+
+def load(record, cfg):
+    """Reads one X-ray as a single-channel uint8 image (RGBA files included) and its multi-hot label."""
+    image = images.read_and_resize(record["path"], SPEC.channels, images.configured_size(cfg), cfg.dataset.resize)
+    return image, tf.cast(record["label"], tf.float32)

@@ -1,0 +1,233 @@
+"""train_and_evaluate: the Estimator-style runner behind `python run.py`.
+
+Reads top to bottom: set-up and config checks, input pipeline, model and
+optimizer, checkpoint restore, then the mode (train and evaluate, train,
+evaluate or predict).
+"""
+import logging
+import signal
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pandas as pd
+import tensorflow as tf
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from data import images
+from data.errors import ConfigError
+from data.input_fn import dataset_module, input_fn, load_tables
+from data.skipped import SkipLog
+from experiments import metrics, strategies
+from experiments.summaries import Summaries, write_metrics
+from experiments.trainer import NonFiniteLossError, Trainer
+from models import BUILDERS
+
+log = logging.getLogger(__name__)
+MODES = ("train_and_evaluate", "train", "evaluate", "predict")
+
+
+def check_config(cfg, spec):
+    """Rejects a bad config before any work is done, naming the key and what is allowed."""
+    choices = {"mode": MODES, "pipeline.cache": ("none", "memory", "disk"), "pipeline.source": ("files", "tfrecord"),
+               "pipeline.dtype": ("float32", "float16"), "strategy.name": strategies.NAMES,
+               "model.name": tuple(BUILDERS)}
+    for key, allowed in choices.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value} is not one of {'|'.join(allowed)}")
+    wanted = "pair" if spec.paired else "single"
+    if cfg.model.inputs != wanted:
+        raise ConfigError(f"model={cfg.model.name} takes {cfg.model.inputs} images but dataset={spec.name} gives "
+                          f"{wanted} images; choose a model with inputs: {wanted}")
+    for key in ("pipeline.batch_size", "trainer.train_steps", "trainer.eval_every", "trainer.checkpoint_every",
+                "trainer.keep_checkpoints", "trainer.log_every"):
+        value = OmegaConf.select(cfg, key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}={value} must be a positive integer")
+
+
+def run(cfg):
+    """Runs one Hydra job; the run directory is the model_dir."""
+    model_dir = Path(HydraConfig.get().runtime.output_dir)
+    log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    log.info("Run directory: %s", model_dir)
+    # Multirun jobs share this process: start each from a clean Keras state.
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(cfg.seed)
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    module = dataset_module(cfg)
+    spec = module.SPEC
+    check_config(cfg, spec)
+    strategy = strategies.make_strategy(cfg.strategy)
+    if cfg.pipeline.batch_size % strategy.num_replicas_in_sync:
+        raise ConfigError(f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across "
+                          f"{strategy.num_replicas_in_sync} replicas; use a multiple of {strategy.num_replicas_in_sync}")
+    keras.mixed_precision.set_global_policy("mixed_float16" if cfg.pipeline.dtype == "float16" else "float32")
+
+    # Input pipeline: index once, in Python; everything per example happens in tf.data.
+    skipped = SkipLog()
+    tables = load_tables(cfg, skipped)
+    skipped.write(model_dir / "skipped.csv")
+    if skipped:
+        log.warning("%d input rows were skipped (%s); see skipped.csv", len(skipped), skipped.summary())
+
+    # Model, optimizer and global step.
+    trainer = Trainer(cfg, spec, strategy, images.configured_size(cfg))
+    chief = strategies.is_chief(strategy)
+    summaries = Summaries(str(model_dir), enabled=chief)
+    summaries.hparams(cfg, metrics.headline(spec.task))
+    estimator = Estimator(cfg, spec, module, trainer, summaries, model_dir, tables)
+    if cfg.mode == "predict":
+        estimator.predict()
+    elif cfg.mode == "evaluate":
+        estimator.evaluate(restore=True)
+    else:
+        estimator.train(evaluate=cfg.mode == "train_and_evaluate")
+
+
+class Estimator:
+    """Trains to a step budget, evaluates on an interval, checkpoints and resumes."""
+
+    def __init__(self, cfg, spec, module, trainer, summaries, model_dir, tables):
+        self.cfg, self.spec, self.module, self.trainer = cfg, spec, module, trainer
+        self.summaries, self.model_dir, self.tables = summaries, model_dir, tables
+        self.eval_split = "validation"
+        self.eval_data = input_fn(cfg, tables[self.eval_split], training=False, split=self.eval_split,
+                                  model_dir=model_dir)
+
+    def _manager(self, checkpoint):
+        return tf.train.CheckpointManager(checkpoint, str(self.model_dir / "checkpoints"),
+                                          max_to_keep=self.cfg.trainer.keep_checkpoints,
+                                          step_counter=self.trainer.global_step)
+
+    def _restore_model(self):
+        manager = self._manager(self.trainer.checkpoint())
+        if manager.latest_checkpoint is None:
+            raise ConfigError(f"mode={self.cfg.mode} needs a checkpoint in {self.model_dir / 'checkpoints'}; "
+                              f"train into that run directory first (hydra.run.dir=...)")
+        self.trainer.checkpoint().restore(manager.latest_checkpoint).expect_partial()
+        log.info("Restored %s (global step %d)", manager.latest_checkpoint, int(self.trainer.global_step))
+
+    def train(self, evaluate=True):
+        cfg, trainer = self.cfg, self.trainer
+        data = input_fn(cfg, self.tables["train"], training=True, split="train", model_dir=self.model_dir)
+        iterator = iter(data)
+        checkpoint = trainer.checkpoint(iterator if cfg.trainer.checkpoint_input else None)
+        manager = self._manager(checkpoint)
+        # Resume policy: 1. the run directory's latest checkpoint; 2. otherwise start from scratch.
+        if manager.latest_checkpoint:
+            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+            log.info("Resumed from %s at global step %d", manager.latest_checkpoint, int(trainer.global_step))
+        step = int(trainer.global_step)
+        target = cfg.trainer.train_steps
+        if step >= target:
+            log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
+        window = {"loss": [], "wait": [], "time": [], "logits": [], "labels": []}
+        progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
+        previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            while step < target:
+                started = time.perf_counter()
+                features, labels, weights = next(iterator)
+                fetched = time.perf_counter()
+                loss, logits, labels = trainer.train_step(features, labels, weights)
+                loss = float(loss)  # waits for the step, so the timing below is the step's
+                finished = time.perf_counter()
+                step = int(trainer.global_step)
+                if not np.isfinite(loss):
+                    raise NonFiniteLossError(f"training loss is {loss} at global step {step}; stopping "
+                                             f"(last good checkpoint: {manager.latest_checkpoint})")
+                window["loss"].append(loss)
+                window["wait"].append(fetched - started)
+                window["time"].append(finished - started)
+                window["logits"].append(logits.numpy())
+                window["labels"].append(labels.numpy())
+                examples_per_sec = cfg.pipeline.batch_size / (finished - started)
+                progress.update(1)
+                progress.set_postfix(loss=f"{loss:.4f}", examples_per_sec=f"{examples_per_sec:.0f}")
+                if step % cfg.trainer.log_every == 0 or step == target:
+                    self._log_train(window, step)
+                if step % cfg.trainer.checkpoint_every == 0 or step == target:
+                    manager.save(checkpoint_number=step)
+                if evaluate and step % cfg.trainer.eval_every == 0 and step < target:
+                    self.evaluate()
+        except KeyboardInterrupt:
+            # Nothing is lost on Ctrl-C or SIGTERM: the step reached so far is saved.
+            if step > 0:
+                manager.save(checkpoint_number=step)
+                log.warning("Interrupted at global step %d; saved a checkpoint to resume from", step)
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+            progress.close()
+        if evaluate:
+            self.evaluate()
+
+    def _log_train(self, window, step):
+        if not window["loss"]:
+            return
+        logits, labels = np.concatenate(window["logits"]), np.concatenate(window["labels"])
+        values = {"loss": np.mean(window["loss"]),
+                  "learning_rate": self.trainer.learning_rate,
+                  "examples_per_sec": self.cfg.pipeline.batch_size * len(window["time"]) / sum(window["time"]),
+                  # The share of step time spent waiting for the next batch (the TF Profiler's input-bound measure).
+                  "input_wait_fraction": sum(window["wait"]) / sum(window["time"]),
+                  **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
+        self.summaries.scalars("train", values, step)
+        for values_list in window.values():
+            values_list.clear()
+
+    def _outputs(self, data, steps=None):
+        """Logits and summed loss over `data`, padding removed, in table order."""
+        logits, weights, total_loss = [], [], 0.0
+        batches = data.take(steps) if steps else data
+        for features, labels, batch_weights in batches:
+            loss, batch_logits = self.trainer.eval_step(features, labels, batch_weights)
+            total_loss += float(loss)
+            logits.append(batch_logits.numpy())
+            weights.append(batch_weights.numpy())
+        weights = np.concatenate(weights) > 0
+        return np.concatenate(logits)[weights], total_loss, int(weights.sum())
+
+    def evaluate(self, restore=False):
+        """Evaluates on the validation split and writes metrics.json; a fresh iterator each time."""
+        if restore:
+            self._restore_model()
+        step = int(self.trainer.global_step)
+        table = self.tables[self.eval_split]
+        logits, total_loss, count = self._outputs(self.eval_data, self.cfg.trainer.eval_steps)
+        labels = np.asarray(table.label.tolist()[:count])
+        values = {"loss": total_loss / max(count, 1),
+                  **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
+        if hasattr(self.module, "protocol_metrics") and count == len(table):
+            values.update(self.module.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
+        self.summaries.scalars("validation", values, step)
+        write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
+        headline = metrics.headline(self.spec.task)
+        log.info("Evaluation at global step %d on %d examples: loss %.4f, %s %.4f", step, count, values["loss"],
+                 headline, values.get(headline, float("nan")))
+        return values
+
+    def predict(self):
+        """Writes predictions.csv: the image path(s) and a probability per class, one row per example."""
+        self._restore_model()
+        split = "test" if "test" in self.tables else self.eval_split
+        table = self.tables[split]
+        data = input_fn(self.cfg, table, training=False, split=split, model_dir=self.model_dir)
+        logits, _, _ = self._outputs(data)
+        scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
+        paths = table[[column for column in table.columns if column.startswith("path")]]
+        predictions = pd.concat([paths.reset_index(drop=True),
+                                 pd.DataFrame(scores, columns=list(self.spec.class_names))], axis=1)
+        predictions.to_csv(self.model_dir / "predictions.csv", index=False)
+        log.info("Wrote %d predictions for the %s split to %s", len(predictions), split,
+                 self.model_dir / "predictions.csv")
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt

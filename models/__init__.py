@@ -1,0 +1,9 @@
+"""Model builders by config name. A builder takes (model_cfg, spec, image_size) and
+returns a keras.Model from float images to float32 logits, one per spec.class_names."""
+from models import resnet_v2
+
+BUILDERS = {
+    "resnet_v2_50": resnet_v2.build,
+    "resnet_v2_101": resnet_v2.build,
+    "resnet_v2_152": resnet_v2.build,
+}

@@ -1,0 +1,23 @@
+"""ResNet-v2 (pre-activation ResNet, He et al. 2016) from keras.applications."""
+import keras
+
+from data.spec import DatasetSpec
+
+_APPLICATIONS = {
+    "resnet_v2_50": keras.applications.ResNet50V2,
+    "resnet_v2_101": keras.applications.ResNet101V2,
+    "resnet_v2_152": keras.applications.ResNet152V2,
+}
+
+
+def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
+    """ResNet-v2 from scratch on `spec.channels`-channel images, with one logit per class.
+
+    Inputs are expected in [-1, 1], as the keras.applications ResNet-v2 models are.
+    """
+    height, width = image_size
+    backbone = _APPLICATIONS[model_cfg.name](
+        include_top=False, weights=None, input_shape=(height, width, spec.channels), pooling="avg")
+    # float32 logits keep the loss stable under mixed precision.
+    logits = keras.layers.Dense(spec.num_outputs, dtype="float32", name="logits")(backbone.output)
+    return keras.Model(backbone.input, logits, name=model_cfg.name)

@@ -8,7 +8,7 @@ from experiments import cli, runner
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg):
-    return runner.run(cfg)
+    cli.guarded(runner.run, cfg)
 
 
 if __name__ == "__main__":

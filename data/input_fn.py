@@ -136,7 +136,6 @@ def pad_batch(batch_size):
 
     def pad(features, labels):
         size = tf.shape(labels)[0]
-        weights = tf.concat([tf.ones([size]), tf.zeros([batch_size - size])], 0)
 
         def pad_one(tensor):
             padding = [[0, batch_size - size]] + [[0, 0]] * (tensor.shape.rank - 1)
@@ -144,7 +143,7 @@ def pad_batch(batch_size):
             padded.set_shape([batch_size] + tensor.shape[1:])
             return padded
 
-        return tf.nest.map_structure(pad_one, features), pad_one(labels), weights
+        return tf.nest.map_structure(pad_one, features), pad_one(labels), pad_one(tf.ones([size]))
 
     return pad
 
@@ -169,18 +168,21 @@ def input_fn(cfg, table, training, split, model_dir=None, seed=None) -> tf.data.
     if cache not in ("none", "memory", "disk"):
         raise ConfigError(f"pipeline.cache={cache} is not one of none|memory|disk")
 
-    if cfg.pipeline.source == "tfrecord":
-        from data import tfrecords  # the shard reader needs the converter's manifest, not the table
-        data = tfrecords.read(cfg, split, training, seed)
+    if cfg.pipeline.source == "tfrecord" and not sampled:
+        from data import tfrecords  # imported here: data.tfrecords imports this module
+        # Shuffles and, unless a cache comes next, repeats the records itself when training.
+        data = tfrecords.read(cfg, split, training, seed, table)
     else:
+        if cfg.pipeline.source == "tfrecord":
+            log.info("%s draws its training examples from the image files afresh; shards serve its evaluation",
+                     cfg.dataset.name)
         # Index records are cheap; shuffling them, not decoded images, keeps the buffer small.
         data = module.train_records(table, cfg, seed) if sampled else records(table)
         if training and not sampled and cache == "none":
             # Reshuffled every pass; repeat after shuffle so each epoch is seen whole.
             data = data.shuffle(buffer, seed, reshuffle_each_iteration=True).repeat()
         # The expensive part: read, decode and resize in parallel.
-        data = data.map(lambda record: module.load(record, cfg), num_parallel_calls=AUTOTUNE,
-                        deterministic=cfg.deterministic or None)
+        data = data.map(lambda record: module.load(record, cfg), num_parallel_calls=AUTOTUNE)
     if cache != "none" and not sampled:
         # Cache decoded, resized images once; shuffle and augment after, so every pass differs.
         data = caching.cache(data, cache, model_dir, split)
@@ -196,5 +198,7 @@ def input_fn(cfg, table, training, split, model_dir=None, seed=None) -> tf.data.
     # Overlap input with the model step.
     data = data.prefetch(AUTOTUNE)
     options = tf.data.Options()
-    options.deterministic = bool(cfg.deterministic)
+    # Training may take whichever image decodes first; evaluation keeps table order, which
+    # predictions.csv and the protocol metrics rely on.
+    options.deterministic = bool(cfg.deterministic) or not training
     return data.with_options(options)

@@ -1,19 +1,23 @@
 """Exit statuses of the command line: 0 success, 2 bad config or usage, 1 anything else."""
+import logging
 import os
 import sys
 import uuid
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-from hydra.errors import HydraException
-
-from data.errors import ConfigError, DatasetError
-from experiments.trainer import NonFiniteLossError
-
+# Before TensorFlow is imported: keep its C++ start-up chatter out of the user's terminal.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Hydra prints composition errors itself, over several lines, then exits 1. Asking
 # it to raise instead lets this module print one line and exit 2.
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from hydra.errors import HydraException  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from data.errors import ConfigError, DatasetError  # noqa: E402
+from experiments.trainer import NonFiniteLossError  # noqa: E402
+
+logging.getLogger("tensorflow").setLevel(logging.WARNING)
 # A short random id in run directory names keeps runs started in the same second apart.
 OmegaConf.register_new_resolver("run_id", lambda: uuid.uuid4().hex[:6], use_cache=True)
 
@@ -25,20 +29,44 @@ def _one_line(error) -> str:
     lines = [line.strip() for part in parts for line in part.splitlines() if line.strip()]
     # OmegaConf appends 'full_key: ...' / 'object_type=...' detail lines; the key is already named.
     lines = [line for line in lines if not line.startswith(("full_key:", "object_type=", "reference_type="))]
+    if any(line.startswith("Config search path") for line in lines):
+        lines = lines[:next(i for i, line in enumerate(lines) if line.startswith("Config search path"))]
     return " ".join(lines)
 
 
+def _report(error, prefix) -> None:
+    print(f"{prefix}: {_one_line(error)}", file=sys.stderr)
+
+
+_status = 0
+
+
+def guarded(task, cfg) -> None:
+    """Runs one job, turning expected failures into a one-line message and an exit status.
+
+    Errors are handled inside the job rather than raised through Hydra, which
+    would add its own lines, and so that one failed job of a sweep does not stop
+    the others.
+    """
+    global _status
+    try:
+        task(cfg)
+    except ConfigError as error:
+        _report(error, "config error")
+        _status = max(_status, 2)
+    except (DatasetError, NonFiniteLossError) as error:
+        _report(error, "error")
+        _status = max(_status, 1)
+
+
 def exit_code(main) -> int:
-    """Runs a Hydra main function and maps its outcome to the documented exit status."""
+    """Runs a Hydra main function and returns the documented exit status."""
     try:
         main()
-    except (ConfigError, HydraException, OmegaConfBaseException) as error:
-        print(f"config error: {_one_line(error)}", file=sys.stderr)
+    except (HydraException, OmegaConfBaseException) as error:
+        _report(error, "config error")
         return 2
-    except (DatasetError, NonFiniteLossError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 0
+    return _status

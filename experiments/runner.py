@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from data import images
+from data import caching, images
 from data.errors import ConfigError
 from data.input_fn import dataset_module, input_fn, load_tables
 from data.skipped import SkipLog
@@ -111,19 +111,23 @@ class Estimator:
             raise ConfigError(f"mode={self.cfg.mode} needs a checkpoint in {self.model_dir / 'checkpoints'}; "
                               f"train into that run directory first (hydra.run.dir=...)")
         self.trainer.checkpoint().restore(manager.latest_checkpoint).expect_partial()
-        log.info("Restored %s (global step %d)", manager.latest_checkpoint, int(self.trainer.global_step))
+        log.info("Restored %s (global step %d)", manager.latest_checkpoint, self.trainer.step)
 
     def train(self, evaluate=True):
         cfg, trainer = self.cfg, self.trainer
         data = input_fn(cfg, self.tables["train"], training=True, split="train", model_dir=self.model_dir)
         iterator = iter(data)
-        checkpoint = trainer.checkpoint(iterator if cfg.trainer.checkpoint_input else None)
+        save_input = cfg.trainer.checkpoint_input and caching.checkpointable(cfg.pipeline.cache)
+        if cfg.trainer.checkpoint_input and not save_input:
+            log.info("pipeline.cache=%s: checkpoints leave out the input iterator (see data/caching.py); a resumed "
+                     "run starts its input stream over", cfg.pipeline.cache)
+        checkpoint = trainer.checkpoint(iterator if save_input else None)
         manager = self._manager(checkpoint)
         # Resume policy: 1. the run directory's latest checkpoint; 2. otherwise start from scratch.
         if manager.latest_checkpoint:
             checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-            log.info("Resumed from %s at global step %d", manager.latest_checkpoint, int(trainer.global_step))
-        step = int(trainer.global_step)
+            log.info("Resumed from %s at global step %d", manager.latest_checkpoint, trainer.step)
+        step = trainer.step
         target = cfg.trainer.train_steps
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
@@ -138,7 +142,7 @@ class Estimator:
                 loss, logits, labels = trainer.train_step(features, labels, weights)
                 loss = float(loss)  # waits for the step, so the timing below is the step's
                 finished = time.perf_counter()
-                step = int(trainer.global_step)
+                step = trainer.step
                 if not np.isfinite(loss):
                     raise NonFiniteLossError(f"training loss is {loss} at global step {step}; stopping "
                                              f"(last good checkpoint: {manager.latest_checkpoint})")
@@ -198,7 +202,7 @@ class Estimator:
         """Evaluates on the validation split and writes metrics.json; a fresh iterator each time."""
         if restore:
             self._restore_model()
-        step = int(self.trainer.global_step)
+        step = self.trainer.step
         table = self.tables[self.eval_split]
         logits, total_loss, count = self._outputs(self.eval_data, self.cfg.trainer.eval_steps)
         labels = np.asarray(table.label.tolist()[:count])

@@ -21,11 +21,12 @@ def _split_cpu(count):
 
 def make_strategy(strategy_cfg) -> tf.distribute.Strategy:
     name = strategy_cfg.name
-    gpus = tf.config.list_logical_devices("GPU")
+    # Physical listing leaves the runtime uninitialised, so the CPU can still be split below.
+    gpus = tf.config.list_physical_devices("GPU")
     if name == "auto":
         strategy = tf.distribute.MirroredStrategy() if len(gpus) > 1 else tf.distribute.get_strategy()
     elif name == "one_device":
-        strategy = tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+        strategy = tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
     elif name == "mirrored":
         devices = None if gpus else _split_cpu(strategy_cfg.get("logical_cpus", 2))
         strategy = tf.distribute.MirroredStrategy(devices)

@@ -81,5 +81,10 @@ class Trainer:
         return tf.train.Checkpoint(**parts)
 
     @property
+    def step(self) -> int:
+        """The global step as a Python int (under any strategy)."""
+        return int(self.global_step.read_value().numpy())
+
+    @property
     def learning_rate(self) -> float:
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))

@@ -1,0 +1,123 @@
+"""The NIH ChestX-ray14 module against the real metadata variants and real PNGs."""
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data import chest_xray
+from data.errors import DatasetError
+from data.images import read_and_resize
+from data.skipped import SkipLog
+from tests.conftest import compose
+
+
+def test_2017_header_with_trailing_comma_and_bracketed_columns(real):
+    table = chest_xray.read_metadata(real / "nih" / "Data_Entry_2017_head.csv")
+    assert len(table) == 57
+    first = table.iloc[0]
+    assert (first.image, first.patient_id, first.patient_age) == ("00000001_000.png", 1, 58)
+    assert first.label == [0, 1] + [0] * 12  # Cardiomegaly
+
+
+def test_v2020_rows_with_trailing_comma(real):
+    table = chest_xray.read_metadata(real / "nih" / "Data_Entry_2017_v2020_head.csv")
+    assert len(table) == 10
+    assert table.iloc[1].label[chest_xray.FINDINGS.index("Emphysema")] == 1
+    assert table.iloc[0].patient_sex == "M"
+
+
+def test_kaggle_sample_labels_with_crlf_and_unit_ages(real):
+    table = chest_xray.read_metadata(real / "nih" / "sample_labels_kaggle.csv")
+    assert len(table) == 5600
+    assert not table.image.str.contains("\r").any() and not table.view_position.str.contains("\r").any()
+    first = table.iloc[0]
+    assert first.patient_age == 60.0
+    assert sum(first.label) == 4  # Emphysema|Infiltration|Pleural_Thickening|Pneumothorax
+    assert chest_xray.parse_age("013M") == pytest.approx(13 / 12)
+    assert chest_xray.parse_age("001D") == pytest.approx(1 / 365)
+
+
+def test_labels_are_multi_hot_in_canonical_order():
+    assert chest_xray.FINDINGS[0] == "Atelectasis" and chest_xray.FINDINGS[-1] == "Hernia"
+    assert chest_xray.multi_hot("No Finding", "row") == [0] * 14
+    assert chest_xray.multi_hot("Hernia|Atelectasis", "row") == [1] + [0] * 12 + [1]
+
+
+def test_unknown_label_is_an_error_naming_the_row(tmp_path, real):
+    lines = (real / "nih" / "Data_Entry_2017_head.csv").read_text().splitlines()
+    lines[3] = lines[3].replace("Cardiomegaly", "Cardiomegally", 1)
+    bad = tmp_path / "Data_Entry_2017.csv"
+    bad.write_text("\n".join(lines))
+    with pytest.raises(DatasetError, match=r"Data_Entry_2017.csv:4 .*Cardiomegally"):
+        chest_xray.read_metadata(bad)
+
+
+@pytest.fixture
+def real_tree(tmp_path, real):
+    """The real fixture laid out as a user's partial download: Kaggle's images_001/images/ folders."""
+    root = tmp_path / "nih"
+    (root / "images_001" / "images").mkdir(parents=True)
+    for png in (real / "nih" / "images").glob("*.png"):
+        shutil.copy(png, root / "images_001" / "images" / png.name)
+    shutil.copy(real / "nih" / "Data_Entry_2017_head.csv", root / "Data_Entry_2017.csv")
+    return root
+
+
+def test_index_skips_rows_without_images_and_keeps_all_24_real_pngs(real_tree):
+    skipped = SkipLog()
+    tables = chest_xray.index(real_tree, compose("dataset=chest_xray"), skipped)
+    indexed = sum(len(table) for table in tables.values())
+    assert indexed == 24
+    assert len(skipped) == 57 - 24
+    assert all(reason == "missing image file" for _, reason in skipped.rows)
+    assert "00000009_000.png" in {path for path, _ in skipped.rows}
+
+
+def test_patient_wise_split_never_shares_a_patient(real_tree):
+    tables = chest_xray.index(real_tree, compose("dataset=chest_xray", "dataset.validation_fraction=0.3"),
+                              SkipLog())
+    assert set(tables) == {"train", "validation"}
+    assert len(tables["validation"]) > 0
+    assert not set(tables["train"].patient_id) & set(tables["validation"].patient_id)
+
+
+def test_official_lists_are_used_when_present(real_tree, real):
+    shutil.copy(real / "nih" / "train_val_list.txt", real_tree / "train_val_list.txt")
+    (real_tree / "test_list.txt").write_text("00000003_000.png\n")
+    tables = chest_xray.index(real_tree, compose("dataset=chest_xray"), SkipLog())
+    train_val = set(tables["train"].image) | set(tables["validation"].image)
+    official = set((real / "nih" / "train_val_list.txt").read_text().split())
+    assert train_val <= official
+    assert set(tables["test"].image) == set(tables["test"].image) - official
+    assert not set(tables["train"].patient_id) & set(tables["validation"].patient_id)
+
+
+def test_every_real_png_decodes_to_one_channel_rgba_included(real):
+    for png in sorted((real / "nih" / "images").glob("*.png")):
+        image = read_and_resize(tf.constant(str(png)), 1, (64, 64))
+        assert image.shape == (64, 64, 1) and image.dtype == tf.uint8
+        assert int(tf.reduce_max(image)) > 100, png.name  # real content, not an empty decode
+    rgba = read_and_resize(tf.constant(str(real / "nih" / "images" / "00000004_000.png")), 1, (32, 32))
+    assert float(tf.math.reduce_std(tf.cast(rgba, tf.float32))) > 5
+
+
+def test_embedded_sample_has_the_real_layout_and_is_deterministic(tmp_path, real, monkeypatch):
+    from data.samples import chest_xray as generator
+    monkeypatch.setattr(generator, "PATIENTS", 14)  # the same generator, fewer patients, for speed
+    chest_xray.make_sample(tmp_path / "a", seed=0)
+    chest_xray.make_sample(tmp_path / "b", seed=0)
+    header = (tmp_path / "a" / "Data_Entry_2017.csv").read_text().splitlines()[0]
+    assert header == (real / "nih" / "Data_Entry_2017_head.csv").read_text().splitlines()[0]
+    assert (tmp_path / "a" / "Data_Entry_2017.csv").read_text() == (tmp_path / "b" / "Data_Entry_2017.csv").read_text()
+    from PIL import Image
+    assert Image.open(tmp_path / "a" / "images" / "00000004_000.png").mode == "RGBA"
+    first = tmp_path / "a" / "images" / "00000001_000.png"
+    assert Image.open(first).mode == "L" and Image.open(first).size == (1024, 1024)
+    assert np.array_equal(np.asarray(Image.open(first)), np.asarray(Image.open(tmp_path / "b" / "images" / first.name)))
+    tables = chest_xray.index(tmp_path / "a", compose("dataset=chest_xray"), SkipLog())
+    assert set(tables) == {"train", "validation", "test"}
+    visits = tables["train"].patient_id.value_counts()
+    assert visits.max() > 1  # several visits per patient
+    splits = [set(table.patient_id) for table in tables.values()]
+    assert not (splits[0] & splits[1] or splits[0] & splits[2] or splits[1] & splits[2])

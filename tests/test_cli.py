@@ -1,0 +1,126 @@
+"""`python run.py` end to end, asserting on what a user looks at: exit code, run directory, events."""
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import PROJECT, run_cli
+
+TINY = ("dataset=chest_xray", "model=resnet_v2_50", "pipeline.image_size=32", "pipeline.batch_size=8",
+        "trainer.eval_every=3", "trainer.checkpoint_every=3", "trainer.log_every=1", "trainer.eval_steps=null")
+
+
+def event_tags(logdir):
+    from tensorboard.backend.event_processing import event_accumulator
+    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0})
+    accumulator.Reload()
+    return accumulator, set(accumulator.Tags()["tensors"]) | set(accumulator.Tags()["scalars"])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("cli") / "run"
+    result = run_cli(*TINY, "trainer.train_steps=6", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, result
+
+
+def test_run_directory_holds_config_checkpoints_metrics_and_skips(trained):
+    run_dir, result = trained
+    assert (run_dir / ".hydra" / "config.yaml").exists()
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.index")) == ["ckpt-3.index", "ckpt-6.index"]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["global_step"] == 6
+    assert 0.0 <= metrics["auc/mean"] <= 1.0 and metrics["loss"] > 0
+    assert metrics["examples"] == 59  # the whole validation split of the sample, padding excluded
+    with open(run_dir / "skipped.csv") as f:
+        assert next(csv.reader(f)) == ["path", "reason"]
+    assert "embedded chest_xray sample" in result.stdout
+
+
+def test_tensorboard_reads_back_train_and_validation_scalars(trained):
+    run_dir, _ = trained
+    train, train_tags = event_tags(run_dir / "train")
+    assert {"loss", "learning_rate", "examples_per_sec", "input_wait_fraction", "auc/mean"} <= train_tags
+    assert [event.step for event in train.Tensors("loss")] == [1, 2, 3, 4, 5, 6]
+    from tensorboard.util import tensor_util
+    waits = [float(tensor_util.make_ndarray(event.tensor_proto)) for event in train.Tensors("input_wait_fraction")]
+    assert all(0.0 <= wait <= 1.0 for wait in waits)
+    validation, validation_tags = event_tags(run_dir / "validation")
+    assert {"loss", "auc/mean", "auc/Atelectasis", "auc/Hernia"} <= validation_tags
+    assert [event.step for event in validation.Tensors("loss")] == [3, 6]
+
+
+def test_rerunning_into_the_run_directory_resumes_then_evaluates_and_predicts(trained):
+    run_dir, _ = trained
+    result = run_cli(*TINY, "trainer.train_steps=9", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "at global step 6" in result.stdout
+    assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == 9
+
+    result = run_cli(*TINY, "mode=predict", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(run_dir / "predictions.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 54  # the sample's test split
+    assert rows[0]["path"].endswith(".png") and len(rows[0]) == 1 + 14
+    assert all(0.0 <= float(rows[0][name]) <= 1.0 for name in ("Atelectasis", "Hernia"))
+
+
+@pytest.mark.parametrize("override, named", [
+    ("trainer.no_such_key=1", "trainer.no_such_key"),
+    ("dataset.root=/nonexistent/root", "/nonexistent/root"),
+    ("mode=fit", "mode=fit"),
+])
+def test_config_errors_exit_2_with_one_line(tmp_path, override, named):
+    result = run_cli("dataset=chest_xray", override, f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("config error:") and named in last
+
+
+def test_batch_that_does_not_divide_across_replicas_exits_2(tmp_path):
+    result = run_cli(*TINY, "strategy=mirrored", "pipeline.batch_size=3", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "pipeline.batch_size=3" in result.stderr.strip().splitlines()[-1]
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*TINY, "trainer.train_steps=200", "trainer.checkpoint_every=2", "trainer.eval_every=1000",
+            f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen([sys.executable, "run.py", *args], cwd=PROJECT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((run_dir / "checkpoints").glob("ckpt-4.index")) and time.time() < deadline:
+        time.sleep(0.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    saved = max(int(p.stem.split("-")[1]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))
+    assert 4 <= saved < 200
+    result = run_cli(*[a for a in args if "train_steps" not in a], f"trainer.train_steps={saved + 4}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"at global step {saved}" in result.stdout
+    assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == saved + 4
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
+    result = run_cli(*TINY, "strategy=mirrored", "trainer.train_steps=3", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "with 2 replica(s)" in result.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 3
+
+
+@pytest.mark.slow
+def test_multirun_sweep_writes_one_run_per_value(tmp_path):
+    result = run_cli("-m", *TINY, "trainer.train_steps=2", "trainer.learning_rate=0.001,0.01",
+                     f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job in ("0", "1"):
+        assert json.loads((tmp_path / job / "metrics.json").read_text())["global_step"] == 2

@@ -70,6 +70,11 @@ def test_rerunning_into_the_run_directory_resumes_then_evaluates_and_predicts(tr
     assert rows[0]["path"].endswith(".png") and len(rows[0]) == 1 + 14
     assert all(0.0 <= float(rows[0][name]) <= 1.0 for name in ("Atelectasis", "Hernia"))
 
+    (run_dir / "metrics.json").unlink()
+    result = run_cli(*TINY, "mode=evaluate", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == 9
+
 
 @pytest.mark.parametrize("override, named", [
     ("trainer.no_such_key=1", "trainer.no_such_key"),

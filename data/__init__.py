@@ -32,7 +32,11 @@ Optional:
     Extra evaluation numbers that the dataset's official protocol defines.
 """
 from data import chest_xray
+from data import imagenet_det
+from data import lfw_pairs
 
 DATASETS = {
     "chest_xray": chest_xray,
+    "imagenet_det": imagenet_det,
+    "lfw_pairs": lfw_pairs,
 }

@@ -1,0 +1,215 @@
+"""ILSVRC DET as single-object classification: the class of an image's largest box.
+
+Reads the real ILSVRC tree under ``root`` (``root/ILSVRC`` or ``root`` itself)::
+
+    Data/DET/{train,val}/.../*.JPEG          images
+    Annotations/DET/{train,val}/.../*.xml    PASCAL-VOC-style boxes, same relative path
+
+Training images sit in ``ILSVRC2013_train/<wnid>/``, ``ILSVRC2013_train_extra*/``
+(negatives, which have no XML) and ``ILSVRC2014_train_000*/``. The label is the
+index, in devkit order, of the largest box's synset among the 200 DET synsets, or
+``BACKGROUND`` (200) when an image has no XML, no objects, or a largest object of
+another synset. Every XML is parsed once; the index is cached under
+``cache_home()/index`` and rebuilt only when a file in the tree changes.
+"""
+import hashlib
+import logging
+import os
+import pickle
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pandas as pd
+import tensorflow as tf
+from tqdm import tqdm
+
+from data import images
+from data.errors import DatasetError
+from data.samples import cache_home
+from data.samples.imagenet_det import make_sample  # noqa: F401  (part of the module interface)
+from data.spec import DatasetSpec
+
+log = logging.getLogger(__name__)
+
+# The devkit's map_det.txt (``wnid index name``), copied so the package needs nothing outside it.
+SYNSETS_FILE = Path(__file__).with_name("imagenet_det_synsets.txt")
+# Folders under Data/DET and Annotations/DET, by split name.
+SPLIT_FOLDERS = {"train": "train", "validation": "val"}
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+# Bump when the index's content changes, so cached indexes are rebuilt.
+INDEX_VERSION = 1
+# Below this many XMLs a progress bar is noise.
+_PROGRESS_MIN = 2000
+
+
+def read_synsets(path=SYNSETS_FILE) -> list:
+    """(wnid, name) pairs in devkit order, from a ``map_det.txt`` of ``wnid index name`` lines."""
+    synsets = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        wnid, position, name = line.split(maxsplit=2)
+        if int(position) != len(synsets) + 1:
+            raise DatasetError(f"{path}:{number}: index {position} out of order; expected {len(synsets) + 1}")
+        synsets.append((wnid, name.strip()))
+    return synsets
+
+
+SYNSETS = read_synsets()
+WNIDS = tuple(wnid for wnid, _ in SYNSETS)
+BACKGROUND = len(WNIDS)
+_LABEL_OF_WNID = {wnid: label for label, wnid in enumerate(WNIDS)}
+SPEC = DatasetSpec(name="imagenet_det", task="multiclass",
+                   class_names=tuple(name for _, name in SYNSETS) + ("background",), channels=3)
+
+
+def parse_annotation(path):
+    """Reads one ILSVRC XML into (width, height, objects), objects as (wnid, xmin, ymin, xmax, ymax).
+
+    Children are looked up by tag, since their order differs between files.
+
+    Raises:
+        ElementTree.ParseError: the file is not well-formed XML.
+        ValueError: a size, name or box coordinate is missing or not a number.
+    """
+    annotation = ElementTree.parse(path).getroot()
+    width, height = _number(annotation, "size/width"), _number(annotation, "size/height")
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image size {width}x{height}")
+    objects = []
+    for element in annotation.findall("object"):
+        wnid = (element.findtext("name") or "").strip()
+        if not wnid:
+            raise ValueError("object without a name")
+        objects.append((wnid, *(_number(element, f"bndbox/{tag}") for tag in ("xmin", "ymin", "xmax", "ymax"))))
+    return width, height, objects
+
+
+def _number(element, tag) -> float:
+    text = element.findtext(tag)
+    if text is None:
+        raise ValueError(f"no <{tag}>")
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"<{tag}> is {text.strip()!r}, not a number") from None
+
+
+def largest_object_label(width, height, objects) -> int:
+    """The label of the object with the largest box inside the image; BACKGROUND if none.
+
+    Boxes may run past the image edge, so only their visible part counts. A tie
+    goes to the object listed first.
+    """
+    label, largest = BACKGROUND, 0.0
+    for wnid, xmin, ymin, xmax, ymax in objects:
+        visible_width = xmax - xmin
+        visible_height = ymax - ymin
+        area = max(visible_width, 0.0) * max(visible_height, 0.0)
+        if area > largest:
+            label, largest = _LABEL_OF_WNID.get(wnid, BACKGROUND), area
+    return label
+
+
+def _find_ilsvrc(root) -> Path:
+    root = Path(root)
+    for candidate in (root / "ILSVRC", root):
+        if (candidate / "Data" / "DET").is_dir():
+            return candidate
+    raise DatasetError(f"no ILSVRC/Data/DET folder under {root}")
+
+
+def _list_files(top: Path, suffixes) -> list:
+    """Sorted (relative path, size, mtime) of the files under `top` whose suffix is in `suffixes`."""
+    found = []
+    for directory, _, names in os.walk(top):
+        for name in names:
+            if name.lower().endswith(suffixes):
+                stat = os.stat(os.path.join(directory, name))
+                found.append((os.path.relpath(os.path.join(directory, name), top), stat.st_size, stat.st_mtime_ns))
+    return sorted(found)
+
+
+def _cache_file(ilsvrc: Path, listings: dict) -> Path:
+    """The index cache for this exact tree: any added, removed or rewritten file changes the name."""
+    digest = hashlib.sha256(repr((INDEX_VERSION, str(ilsvrc.resolve()), WNIDS)).encode())
+    for split in sorted(listings):
+        for listing in listings[split]:
+            digest.update(repr((split, listing)).encode())
+    return cache_home() / "index" / f"imagenet_det-{digest.hexdigest()[:20]}.pkl"
+
+
+def _index_split(image_dir: Path, annotation_dir: Path, image_files: list, xml_files: list):
+    """Parses a split's XMLs into a (path, label) table and the (path, reason) rows it skipped."""
+    xml_by_stem = {os.path.splitext(relative)[0]: relative for relative, _, _ in xml_files}
+    rows, skipped = [], []
+    progress = tqdm(image_files, desc=f"Indexing {image_dir}", unit="image",
+                    disable=len(xml_files) < _PROGRESS_MIN)
+    for relative, _, _ in progress:
+        xml_relative = xml_by_stem.get(os.path.splitext(relative)[0])
+        if xml_relative is None:
+            label = BACKGROUND  # negatives (ILSVRC2013_train_extra*) come without an XML
+        else:
+            xml_path = annotation_dir / xml_relative
+            try:
+                label = largest_object_label(*parse_annotation(xml_path))
+            except (ElementTree.ParseError, ValueError, OSError) as error:
+                skipped.append((str(xml_path), f"malformed XML: {error}"))
+                continue
+        rows.append((str(image_dir / relative), label))
+    table = pd.DataFrame(rows, columns=["path", "label"]).astype({"label": "int64"})
+    return table, skipped
+
+
+def _build_index(ilsvrc: Path, listings: dict) -> dict:
+    tables, skipped = {}, []
+    for split, folder in SPLIT_FOLDERS.items():
+        image_files, xml_files = listings[split]
+        tables[split], split_skipped = _index_split(ilsvrc / "Data" / "DET" / folder,
+                                                    ilsvrc / "Annotations" / "DET" / folder, image_files, xml_files)
+        skipped.extend(split_skipped)
+    return {"tables": tables, "skipped": skipped}
+
+
+def _write_atomically(path: Path, content) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as f:
+        pickle.dump(content, f)
+    os.replace(temporary, path)
+
+
+def index(root, cfg, skipped) -> dict:
+    """Tables of (path, label) for ``train`` (Data/DET/train) and ``validation`` (Data/DET/val).
+
+    Malformed XMLs are listed in `skipped` and their images left out; that list is
+    cached with the tables, so a reused index reports them too.
+    """
+    ilsvrc = _find_ilsvrc(root)
+    listings = {}
+    for split, folder in SPLIT_FOLDERS.items():
+        image_dir = ilsvrc / "Data" / "DET" / folder
+        if not image_dir.is_dir():
+            raise DatasetError(f"no {image_dir} folder; ImageNet DET needs Data/DET/train and Data/DET/val")
+        listings[split] = (_list_files(image_dir, IMAGE_SUFFIXES),
+                           _list_files(ilsvrc / "Annotations" / "DET" / folder, (".xml",)))
+    cache = _cache_file(ilsvrc, listings)
+    if cache.exists():
+        with open(cache, "rb") as f:
+            cached = pickle.load(f)
+        log.info("Reusing the ImageNet DET index in %s", cache)
+    else:
+        cached = _build_index(ilsvrc, listings)
+        _write_atomically(cache, cached)
+        log.info("Indexed ImageNet DET under %s into %s", ilsvrc, cache)
+    for split, table in cached["tables"].items():
+        if table.empty:
+            raise DatasetError(f"no usable images in {ilsvrc / 'Data' / 'DET' / SPLIT_FOLDERS[split]}")
+    skipped.extend(cached["skipped"])
+    return {split: table.copy() for split, table in cached["tables"].items()}
+
+
+def load(record, cfg):
+    """Reads one image as RGB uint8 (grayscale, CMYK and PNG-named-JPEG included) and its class index."""
+    image = images.read_and_resize(record["path"], SPEC.channels, images.configured_size(cfg), cfg.dataset.resize)
+    return image, tf.cast(record["label"], tf.int32)

@@ -1,0 +1,240 @@
+"""Labeled Faces in the Wild (LFW): are two face photos of the same person?
+
+Reads the release layout: images at ``lfw/<Name>/<Name>_0001.jpg`` (or the
+``lfw_funneled/`` and ``lfw-deepfunneled/`` variants) and the protocol files
+``pairs.txt`` (View 2: ten person-disjoint folds) and ``pairsDevTest.txt``
+(View 1). In the pairs files image numbers are not zero-padded (``Zico 1 2``);
+in file names they are padded to four digits.
+
+Evaluation uses the fixed protocol pairs. Training draws fresh balanced pairs
+every step, in the graph, from every person of the image tree who is not in the
+evaluation pairs, so no evaluation person is ever seen in training.
+"""
+import logging
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import tensorflow as tf
+from sklearn.metrics import roc_curve
+
+from data import images
+from data.errors import ConfigError, DatasetError
+from data.samples.lfw_pairs import make_sample  # noqa: F401  (part of the module interface)
+from data.spec import DatasetSpec
+
+log = logging.getLogger(__name__)
+
+SPEC = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3, paired=True)
+
+# The release tarballs: original, funneled (Huang et al. 2007) and deep-funneled (Huang et al. 2012).
+IMAGE_FOLDERS = ("lfw", "lfw_funneled", "lfw-deepfunneled")
+EVAL_PAIRS = {"dev_test": "pairsDevTest.txt", "pairs": "pairs.txt"}
+_IMAGE_NAME = re.compile(r"(.+)_(\d+)\.jpg")
+
+
+def find_image_folder(root: Path) -> Path:
+    """The image tree under `root`: the first of IMAGE_FOLDERS present (also nested, as Kaggle ships it)."""
+    for name in IMAGE_FOLDERS:
+        for folder in (root / name / name, root / name):
+            if folder.is_dir():
+                return folder
+    if root.name in IMAGE_FOLDERS:
+        return root
+    raise DatasetError(f"no {'/, '.join(IMAGE_FOLDERS)}/ image folder under {root}")
+
+
+def list_images(folder: Path) -> dict:
+    """Maps (name, image number) to the file path, for every ``<Name>/<Name>_NNNN.jpg`` in `folder`."""
+    found = {}
+    for person in os.scandir(folder):
+        if not person.is_dir():
+            continue
+        for entry in os.scandir(person.path):
+            match = _IMAGE_NAME.fullmatch(entry.name)
+            if match and match.group(1) == person.name:
+                found[(person.name, int(match.group(2)))] = entry.path
+    return found
+
+
+def _malformed(path, line_number, why):
+    return DatasetError(f"{path}:{line_number}: {why}")
+
+
+def read_pairs(path) -> pd.DataFrame:
+    """Parses a pairs file into one row per pair: name_a, number_a, name_b, number_b, label, fold, line.
+
+    The header is ``<pairs per class>`` (the dev files) or ``<folds>\\t<pairs per class>``
+    (pairs.txt); each fold holds that many same-person lines ``name n1 n2`` and
+    different-person lines ``name1 n1 name2 n2``.
+
+    Raises:
+        DatasetError: naming the file and line, for a line that is not a pair or
+            a header that does not match the number of pairs.
+    """
+    lines = Path(path).read_text().splitlines()
+    if not lines:
+        raise DatasetError(f"{path} is empty; expected a header line such as '10\\t300'")
+    header = lines[0].split()
+    if len(header) not in (1, 2) or not all(field.isdigit() for field in header):
+        raise _malformed(path, 1, f"expected a header '<pairs>' or '<folds>\\t<pairs>', got {lines[0]!r}")
+    folds, per_class = (1, int(header[0])) if len(header) == 1 else (int(header[0]), int(header[1]))
+    per_fold = 2 * per_class
+    rows = []
+    for line_number, line in enumerate(lines[1:], start=2):
+        fields = line.split()
+        if not fields:
+            continue  # a trailing empty line is harmless
+        if len(fields) == 3:
+            name_a, number_a, number_b = fields
+            name_b = name_a
+        elif len(fields) == 4:
+            name_a, number_a, name_b, number_b = fields
+        else:
+            raise _malformed(path, line_number, f"expected 'name\\tn1\\tn2' or 'name1\\tn1\\tname2\\tn2', got {line!r}")
+        if not (number_a.isdigit() and number_b.isdigit()):
+            raise _malformed(path, line_number, f"image numbers must be integers, got {line!r}")
+        rows.append((name_a, int(number_a), name_b, int(number_b), int(len(fields) == 3),
+                     len(rows) // per_fold, line_number))
+    if len(rows) != folds * per_fold:
+        raise _malformed(path, 1, f"header {lines[0]!r} promises {folds * per_fold} pairs, found {len(rows)}")
+    return pd.DataFrame(rows, columns=["name_a", "number_a", "name_b", "number_b", "label", "fold", "line"])
+
+
+def _find_pairs_file(root: Path, folder: Path, name: str) -> Path:
+    for candidate in (root / name, folder.parent / name, folder / name):
+        if candidate.is_file():
+            return candidate
+    raise DatasetError(f"{name} not found in {root}; it is needed for the evaluation pairs (dataset.eval_pairs)")
+
+
+def evaluation_pairs(cfg, root: Path, folder: Path) -> pd.DataFrame:
+    """The protocol pairs that dataset.eval_pairs and dataset.fold select."""
+    which, fold = cfg.dataset.eval_pairs, cfg.dataset.get("fold")
+    if which not in EVAL_PAIRS:
+        raise ConfigError(f"dataset.eval_pairs={which} is not one of {'|'.join(EVAL_PAIRS)}")
+    path = _find_pairs_file(root, folder, EVAL_PAIRS[which])
+    pairs = read_pairs(path)
+    pairs["file"] = path.name
+    if which == "pairs" and fold is not None:
+        folds = pairs.fold.nunique()
+        if not 0 <= fold < folds:
+            raise ConfigError(f"dataset.fold={fold} must be null (all folds) or 0..{folds - 1}")
+        pairs = pairs[pairs.fold == fold]
+    return pairs
+
+
+def index(root, cfg, skipped) -> dict:
+    """The evaluation pairs (``validation``) and the images of every other person (``train``).
+
+    ``validation`` has path_a, path_b, label (1: same person) and fold; a pair
+    naming a missing image is skipped. ``train`` has one row per image: person
+    and path; `train_records` draws pairs from it.
+    """
+    root = Path(root)
+    folder = find_image_folder(root)
+    files = list_images(folder)
+    if not files:
+        raise DatasetError(f"no <Name>/<Name>_NNNN.jpg images in {folder}")
+    pairs = evaluation_pairs(cfg, root, folder)
+    pairs["path_a"] = [files.get(key) for key in zip(pairs.name_a, pairs.number_a)]
+    pairs["path_b"] = [files.get(key) for key in zip(pairs.name_b, pairs.number_b)]
+    missing = pairs.path_a.isna() | pairs.path_b.isna()
+    for pair in pairs[missing].itertuples():
+        name, number = (pair.name_a, pair.number_a) if pd.isna(pair.path_a) else (pair.name_b, pair.number_b)
+        skipped.add(folder / name / f"{name}_{number:04d}.jpg", f"missing image: {pair.file} line {pair.line}")
+    validation = pairs[~missing].reset_index(drop=True)
+
+    # Everyone named by the evaluation pairs, skipped lines included, stays out of training.
+    held_out = set(pairs.name_a) | set(pairs.name_b)
+    train = pd.DataFrame(sorted((name, path) for (name, _), path in files.items() if name not in held_out),
+                         columns=["person", "path"])
+    log.info("LFW images from %s: %d training people (%d images); %d evaluation pairs of %d people",
+             folder, train.person.nunique(), len(train), len(validation), len(held_out))
+    return {"train": train, "validation": validation[["path_a", "path_b", "label", "fold", "name_a", "name_b"]]}
+
+
+def train_records(table, cfg, seed) -> tf.data.Dataset:
+    """An endless stream of balanced training pairs {path_a, path_b, label}, drawn in the graph.
+
+    Element i is a same-person pair when i is even and a different-person pair
+    when odd, so every even batch is exactly balanced. Its random draws are
+    stateless ops seeded by (seed, i): the stream depends only on the seed, and
+    an iterator checkpoint is just the counter.
+    """
+    table = table.sort_values(["person", "path"])
+    counts = table.groupby("person", sort=True).size()
+    if len(counts) < 2 or (counts >= 2).sum() == 0:
+        raise DatasetError(f"training needs two people and one person with two images; the images tree "
+                           f"left {len(counts)} people outside the evaluation pairs")
+    paths = tf.constant(table.path.to_numpy(dtype=str))
+    starts = tf.constant(np.concatenate([[0], np.cumsum(counts.to_numpy())[:-1]]), tf.int64)
+    counts_t = tf.constant(counts.to_numpy(), tf.int64)
+    with_two = tf.constant(np.flatnonzero(counts.to_numpy() >= 2), tf.int64)
+    people = tf.constant(len(counts), tf.int64)
+
+    def draw(u, n):
+        """An integer in [0, n) from a uniform u in [0, 1)."""
+        return tf.minimum(tf.cast(tf.floor(u * tf.cast(n, tf.float64)), tf.int64), n - 1)
+
+    def image(person, u):
+        return paths[starts[person] + draw(u, counts_t[person])]
+
+    def pair(i):
+        u = tf.random.stateless_uniform([4], seed=tf.stack([tf.constant(seed, tf.int64), i]), dtype=tf.float64)
+        same = tf.equal(i % 2, 0)
+        # Same person: one person with two or more images, two distinct images of theirs.
+        person = tf.gather(with_two, draw(u[0], tf.size(with_two, out_type=tf.int64)))
+        first = draw(u[1], counts_t[person])
+        second = draw(u[2], counts_t[person] - 1)
+        second += tf.cast(second >= first, tf.int64)  # skip `first`, so the two images differ
+        same_a, same_b = paths[starts[person] + first], paths[starts[person] + second]
+        # Different people: two distinct people, any image of each.
+        person_a = draw(u[0], people)
+        person_b = draw(u[1], people - 1)
+        person_b += tf.cast(person_b >= person_a, tf.int64)
+        different_a, different_b = image(person_a, u[2]), image(person_b, u[3])
+        return {"path_a": tf.where(same, same_a, different_a), "path_b": tf.where(same, same_b, different_b),
+                "label": tf.cast(same, tf.int64)}
+
+    return tf.data.Dataset.counter().map(pair)
+
+
+def load(record, cfg):
+    """Reads both faces as RGB uint8 (grayscale JPEGs too), centre-cropped and resized, and the label."""
+    size, crop = images.configured_size(cfg), cfg.dataset.crop_fraction
+
+    def read(path):
+        return images.read_and_resize(path, SPEC.channels, size, cfg.dataset.resize, crop)
+
+    return (read(record["path_a"]), read(record["path_b"])), tf.reshape(tf.cast(record["label"], tf.float32), [1])
+
+
+def best_threshold(scores, labels) -> float:
+    """The threshold t maximising the accuracy of predicting `same` when score >= t."""
+    false_positive_rate, true_positive_rate, thresholds = roc_curve(labels, scores, drop_intermediate=False)
+    positives = np.sum(labels == 1)
+    negatives = len(labels) - positives
+    correct = true_positive_rate * positives + (1 - false_positive_rate) * negatives
+    return thresholds[np.argmax(correct)]
+
+
+def protocol_metrics(table, scores) -> dict:
+    """LFW's 10-fold protocol: per fold, the threshold is chosen on the other folds.
+
+    Returns the mean and standard deviation (ddof=1, as the LFW README defines
+    it) of the ten test-fold accuracies; empty when the table has one fold.
+    """
+    folds, labels, scores = table.fold.to_numpy(), table.label.to_numpy(), np.asarray(scores).reshape(-1)
+    if len(np.unique(folds)) < 2:
+        return {}
+    accuracies = []
+    for fold in np.unique(folds):
+        test = folds == fold
+        threshold = best_threshold(scores[~test], labels[~test])
+        accuracies.append(np.mean((scores[test] >= threshold) == labels[test]))
+    prefix = "ten_fold" if len(accuracies) == 10 else f"{len(accuracies)}_fold"
+    return {f"{prefix}_accuracy_mean": float(np.mean(accuracies)),
+            f"{prefix}_accuracy_std": float(np.std(accuracies, ddof=1))}

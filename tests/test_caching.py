@@ -1,0 +1,160 @@
+"""pipeline.cache=disk against what TensorFlow really leaves behind when a run is killed mid-pass."""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data import caching
+from data.errors import ConfigError
+from tests.conftest import PROJECT, run_cli
+
+ELEMENTS = 3000
+
+# A child process that fills a disk cache part-way, then dies by SIGKILL, as an OOM kill or
+# a cluster pre-emption would end a run. With `checkpoint`, it first saves the iterator
+# mid-pass, as the runner did with trainer.checkpoint_input, which finishes TF's cache shards early.
+_KILLED_PASS = textwrap.dedent("""
+    import os, signal, sys
+    import tensorflow as tf
+    sys.path.insert(0, {project!r})
+    from data import caching
+    model_dir, checkpoint = sys.argv[1], sys.argv[2] == "checkpoint"
+    data = caching.cache(tf.data.Dataset.range({elements}).map(lambda i: tf.fill([1000], i)), "disk", model_dir,
+                         "train")
+    iterator = iter(data)
+    for _ in range(700):
+        next(iterator)
+    if checkpoint:
+        tf.train.Checkpoint(iterator=iterator).save(os.path.join(model_dir, "ckpt", "ckpt"))
+        for _ in range(700):
+            next(iterator)
+    print("ready", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL if sys.argv[3] == "kill" else signal.SIGSTOP)
+""")
+
+
+def _child(model_dir, checkpoint=False, how="kill"):
+    script = _KILLED_PASS.format(project=str(PROJECT), elements=ELEMENTS)
+    return subprocess.Popen([sys.executable, "-c", script, str(model_dir), "checkpoint" if checkpoint else "plain",
+                             how], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def _source(offset=0):
+    return tf.data.Dataset.range(ELEMENTS).map(lambda i: tf.fill([1000], i + offset))
+
+
+def _first_values(data):
+    return np.array([element[0] for element in data.as_numpy_iterator()])
+
+
+def _listing(directory):
+    return sorted(os.listdir(directory))
+
+
+@pytest.mark.parametrize("checkpoint, tf_error", [(False, "concurrent caching iterator"),
+                                                   (True, "Existing cache files found")],
+                         ids=["killed", "checkpointed-then-killed"])
+def test_next_build_cleans_a_killed_pass_and_reads_everything(tmp_path, checkpoint, tf_error):
+    child = _child(tmp_path, checkpoint)
+    child.communicate(timeout=120)
+    assert child.returncode == -signal.SIGKILL
+    cache_dir = tmp_path / "input_cache"
+    left = _listing(cache_dir)
+    # What TF 2.21 leaves: a lockfile per shard begun, the shard being written as a .tempstate, no merged index.
+    assert "train_0.lockfile" in left and "train.index" not in left, left
+    if checkpoint:
+        # Saving mid-pass finishes shard 0 as its own bundle; shard 1 is the one cut short.
+        assert {"train_0.index", "train_0.data-00000-of-00001", "train_1.lockfile"} <= set(left), left
+    else:
+        assert any(name.startswith("train_0.data-00000-of-00001.tempstate") for name in left), left
+    # Without cleaning, this is the error a user would get.
+    with pytest.raises(tf.errors.AlreadyExistsError, match=tf_error):
+        for _ in _source().cache(str(cache_dir / "train")):
+            pass
+
+    data = caching.cache(_source(), "disk", tmp_path, "train")
+    assert _listing(cache_dir) == ["train.lock"]  # every leftover removed; the lock is this process's
+    np.testing.assert_array_equal(_first_values(data), np.arange(ELEMENTS))
+    assert "train.index" in _listing(cache_dir)
+    assert not glob.glob(str(cache_dir / "train_*"))
+
+
+def test_a_complete_cache_is_reused_not_rewritten(tmp_path):
+    np.testing.assert_array_equal(_first_values(caching.cache(_source(), "disk", tmp_path, "train")),
+                                  np.arange(ELEMENTS))
+    files = {path: os.stat(path).st_mtime_ns for path in glob.glob(str(tmp_path / "input_cache" / "train.*"))}
+    time.sleep(0.01)
+    # A source that now yields other values: only a reused cache still gives the first pass's.
+    again = caching.cache(_source(offset=10_000), "disk", tmp_path, "train")
+    np.testing.assert_array_equal(_first_values(again), np.arange(ELEMENTS))
+    assert {path: os.stat(path).st_mtime_ns for path in files} == files
+    assert caching.clean_partial_cache(str(tmp_path / "input_cache" / "train")) is False
+
+
+def test_a_live_run_on_the_same_cache_is_a_config_error_not_tf_error(tmp_path):
+    child = _child(tmp_path, how="stop")  # stopped mid-pass, still alive and holding its cache
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with pytest.raises(ConfigError, match="another running process is using the input cache"):
+            caching.cache(_source(), "disk", tmp_path, "train")
+        assert "train_0.lockfile" in _listing(tmp_path / "input_cache")  # the live run's files are untouched
+    finally:
+        child.kill()
+        child.wait()
+    # Once it is gone its leftovers are stale, and the next build cleans them.
+    np.testing.assert_array_equal(_first_values(caching.cache(_source(), "disk", tmp_path, "train")),
+                                  np.arange(ELEMENTS))
+
+
+def test_memory_cache_iterators_are_kept_out_of_checkpoints(tmp_path):
+    """A memory cache's iterator checkpoint carries every cached element; the runner must not save it."""
+    # Random bytes, so that no compression hides what the checkpoint holds.
+    data = _source().map(lambda x: tf.random.stateless_uniform([1000], [x[0], 0], maxval=256, dtype=tf.int32))
+    data = data.map(lambda x: tf.cast(x, tf.uint8)).cache().repeat()
+    sizes = []
+    for elements in (100, 2000):
+        iterator = iter(data)
+        for _ in range(elements):
+            next(iterator)
+        prefix = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / f"after-{elements}" / "ckpt"))
+        sizes.append(sum(os.path.getsize(path) for path in glob.glob(prefix + "*")))
+    assert sizes[1] - sizes[0] > 1900 * 1000 * 0.9  # the ~1 kB elements cached in between
+    assert not caching.checkpointable("memory") and not caching.checkpointable("disk")
+    assert caching.checkpointable("none")
+
+
+@pytest.mark.slow
+def test_a_killed_training_run_with_a_disk_cache_resumes(tmp_path):
+    """`python run.py pipeline.cache=disk`, SIGKILLed mid first pass, then run again into the same directory."""
+    run_dir = tmp_path / "run"
+    args = ("dataset=chest_xray", "model=resnet_v2_50", "pipeline.image_size=32", "pipeline.batch_size=4",
+            # A small shuffle buffer after the cache, so the first pass is read as training goes, not up front.
+            "pipeline.cache=disk", "pipeline.shuffle_buffer=8", "trainer.checkpoint_every=2",
+            "trainer.eval_every=1000", "trainer.eval_steps=1", f"hydra.run.dir={run_dir}")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    first = subprocess.Popen([sys.executable, "run.py", *args, "trainer.train_steps=40"], cwd=PROJECT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not glob.glob(str(run_dir / "checkpoints" / "ckpt-4.index")) and time.time() < deadline:
+        assert first.poll() is None, "the first run ended before it could be killed"
+        time.sleep(0.2)
+    first.kill()
+    first.wait()
+    assert glob.glob(str(run_dir / "input_cache" / "train_*.lockfile")), "the kill should leave TF's lockfile"
+
+    second = run_cli(*args, "trainer.train_steps=70")  # a pass is 62 batches: this one completes the cache
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "concurrent caching iterator" not in second.stderr
+    assert (run_dir / "input_cache" / "train.index").exists()
+    assert not glob.glob(str(run_dir / "input_cache" / "train_*"))
+    names = [name for name, _ in tf.train.list_variables(str(run_dir / "checkpoints"))]
+    assert not any(name.startswith("input_iterator") for name in names)
+    assert "Removed a partial input cache" in (run_dir / "run.log").read_text()

@@ -1,0 +1,264 @@
+"""The LFW pairs module against the real protocol files and JPEGs, and its embedded sample."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+from PIL import Image
+from sklearn.metrics import accuracy_score
+
+from data import lfw_pairs
+from data.errors import ConfigError, DatasetError
+from data.samples.lfw_pairs import make_sample
+from data.skipped import SkipLog
+from experiments.runner import check_config
+from tests.conftest import compose, run_cli
+
+
+def test_real_pairs_txt_is_ten_folds_of_300_same_and_300_different(real):
+    pairs = lfw_pairs.read_pairs(real / "lfw" / "pairs.txt")
+    assert len(pairs) == 6000
+    assert pairs.label.sum() == 3000
+    assert sorted(pairs.fold.unique()) == list(range(10))
+    assert (pairs.groupby("fold").label.agg(["size", "sum"]).to_numpy() == [600, 300]).all()
+    # Line 2 of the file is the first same-person pair; numbers are unpadded and reach 3 digits.
+    first = pairs.iloc[0]
+    assert (first.name_a, first.number_a, first.name_b, first.number_b, first.line) == ("Abel_Pacheco", 1,
+                                                                                        "Abel_Pacheco", 4, 2)
+    assert pairs.number_b.max() >= 100
+    assert pairs.name_a.str.contains("-").any()
+
+
+def test_real_dev_files_give_2200_and_1000_balanced_pairs(real):
+    train = lfw_pairs.read_pairs(real / "lfw" / "pairsDevTrain.txt")
+    test = lfw_pairs.read_pairs(real / "lfw" / "pairsDevTest.txt")
+    assert (len(train), train.label.sum()) == (2200, 1100)
+    assert (len(test), test.label.sum()) == (1000, 500)
+    # View 1 is person-disjoint.
+    people = lambda pairs: set(pairs.name_a) | set(pairs.name_b)  # noqa: E731
+    assert not people(train) & people(test)
+
+
+@pytest.fixture
+def real_tree(tmp_path, real):
+    """A tiny deep-funneled tree of the real JPEGs, one of them re-saved as grayscale, and a dev test file."""
+    root = tmp_path / "lfw_root"
+    folder = root / "lfw-deepfunneled"
+    for name, number, source in [("Anthony_Hopkins", 1, "0001"), ("Anthony_Hopkins", 2, "0002"),
+                                 ("Zico", 1, "0001"), ("Chang_Dae-whan", 1, "0002"), ("Chang_Dae-whan", 101, "0001"),
+                                 ("Madonna", 1, "0002"), ("Madonna", 2, "0001")]:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(real / "lfw" / f"Anthony_Hopkins_{source}.jpg", folder / name / f"{name}_{number:04d}.jpg")
+    Image.open(folder / "Zico" / "Zico_0001.jpg").convert("L").save(folder / "Zico" / "Zico_0001.jpg")
+    (root / "pairsDevTest.txt").write_text(
+        "2\n"
+        "Anthony_Hopkins\t1\t2\n"
+        "Chang_Dae-whan\t1\t102\n"           # no image 102: skipped
+        "Anthony_Hopkins\t1\tZico\t1\n"
+        "Kim_Jong-Il\t3\tZico\t1\n")          # nobody called Kim_Jong-Il: skipped
+    return root
+
+
+def test_index_reads_a_funneled_tree_and_skips_pairs_with_missing_images(real_tree):
+    skipped = SkipLog()
+    tables = lfw_pairs.index(real_tree, compose("dataset=lfw_pairs"), skipped)
+    validation = tables["validation"]
+    assert validation.label.tolist() == [1, 0]
+    assert validation.path_a[0].endswith("lfw-deepfunneled/Anthony_Hopkins/Anthony_Hopkins_0001.jpg")
+    assert sorted(Path(path).name for path, _ in skipped.rows) == ["Chang_Dae-whan_0102.jpg", "Kim_Jong-Il_0003.jpg"]
+    assert {reason for _, reason in skipped.rows} == {"missing image: pairsDevTest.txt line 3",
+                                                       "missing image: pairsDevTest.txt line 5"}
+    # Everyone the evaluation names stays out of training, skipped pairs' people too.
+    assert set(tables["train"].person) == {"Madonna"}
+
+
+def test_real_jpegs_and_a_grayscale_one_load_as_rgb_at_the_configured_size(real_tree):
+    cfg = compose("dataset=lfw_pairs", "pipeline.image_size=40", "dataset.crop_fraction=0.6")
+    validation = lfw_pairs.index(real_tree, cfg, SkipLog())["validation"]
+    different = {column: tf.constant(validation[column][1]) for column in ("path_a", "path_b", "label")}
+    assert different["path_b"].numpy().decode().endswith("Zico_0001.jpg")  # the grayscale one
+    (image_a, image_b), label = lfw_pairs.load(different, cfg)
+    assert image_a.shape == image_b.shape == (40, 40, 3)
+    assert image_a.dtype == image_b.dtype == tf.uint8
+    assert label.numpy().tolist() == [0.0]
+    gray = image_b.numpy().astype(int)
+    assert (gray[..., 0] == gray[..., 1]).all() and (gray[..., 1] == gray[..., 2]).all()
+    assert not (image_a.numpy()[..., 0] == image_a.numpy()[..., 2]).all()
+
+
+@pytest.mark.parametrize("line, bad", [(7, "Aaron_Peirsol\t1"), (7, "Aaron_Peirsol\tone\t2"),
+                                       (1502, "A\t1\tB\t2\tC")])
+def test_a_malformed_line_is_an_error_naming_file_and_line(tmp_path, real, line, bad):
+    lines = (real / "lfw" / "pairsDevTrain.txt").read_text().splitlines()
+    lines[line - 1] = bad
+    path = tmp_path / "pairsDevTrain.txt"
+    path.write_text("\n".join(lines))
+    with pytest.raises(DatasetError, match=rf"pairsDevTrain.txt:{line}: "):
+        lfw_pairs.read_pairs(path)
+
+
+def test_a_header_that_miscounts_the_pairs_is_an_error(tmp_path, real):
+    path = tmp_path / "pairs.txt"
+    path.write_text((real / "lfw" / "pairs.txt").read_text().replace("10\t300", "10\t299", 1))
+    with pytest.raises(DatasetError, match=r"pairs.txt:1: .*5980 pairs, found 6000"):
+        lfw_pairs.read_pairs(path)
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lfw") / "sample"
+    make_sample(root, seed=0)
+    return root
+
+
+def test_sample_has_the_real_layout_and_formats(sample):
+    jpegs = sorted((sample / "lfw").glob("*/*.jpg"))
+    names = {path.parent.name for path in jpegs}
+    assert all(path.name.startswith(path.parent.name + "_") for path in jpegs)
+    assert any("-" in name for name in names) and any("_" not in name for name in names)
+    assert max(int(path.stem[-4:]) for path in jpegs) >= 100
+    assert {Image.open(path).size for path in jpegs[:50]} == {(250, 250)}
+    assert any(Image.open(path).mode == "L" for path in jpegs)
+    assert (sample / "pairs.txt").read_text().splitlines()[0] == "10\t30"
+    pairs = lfw_pairs.read_pairs(sample / "pairs.txt")
+    assert pairs.number_b.max() >= 100
+    fold_people = [set(fold.name_a) | set(fold.name_b) for _, fold in pairs.groupby("fold")]
+    assert sum(len(people) for people in fold_people) == len(set().union(*fold_people))  # person-disjoint folds
+    for name in ("pairs.txt", "pairsDevTrain.txt", "pairsDevTest.txt"):
+        every = lfw_pairs.read_pairs(sample / name)
+        assert {(a, n) for a, n in zip(every.name_a, every.number_a)} <= {
+            (path.parent.name, int(path.stem[-4:])) for path in jpegs}
+
+
+@pytest.fixture(scope="module")
+def sample_tables(sample):
+    return lfw_pairs.index(sample, compose("dataset=lfw_pairs"), SkipLog())
+
+
+def _people(paths):
+    return [Path(path.decode()).parent.name for path in paths]
+
+
+def _draw(table, seed, count):
+    records = lfw_pairs.train_records(table, compose("dataset=lfw_pairs"), seed).take(count)
+    drawn = {key: [] for key in ("path_a", "path_b", "label")}
+    for batch in records.batch(count):
+        for key in drawn:
+            drawn[key] = batch[key].numpy().tolist()
+    return drawn
+
+
+def test_training_pairs_are_balanced_and_only_of_training_people(sample_tables):
+    train, validation = sample_tables["train"], sample_tables["validation"]
+    drawn = _draw(train, seed=0, count=len(train))  # an epoch's worth of images
+    labels = np.array(drawn["label"])
+    assert abs(labels.mean() - 0.5) < 0.03
+    people_a, people_b = _people(drawn["path_a"]), _people(drawn["path_b"])
+    assert set(people_a + people_b) <= set(train.person)
+    assert not set(people_a + people_b) & (set(validation.name_a) | set(validation.name_b))
+    assert ((np.array(people_a) == np.array(people_b)) == (labels == 1)).all()
+    assert all(a != b for a, b in zip(drawn["path_a"], drawn["path_b"]))
+    # Many distinct pairs: fresh draws, not a fixed list.
+    assert len(set(zip(drawn["path_a"], drawn["path_b"]))) > 0.9 * len(train)
+
+
+def test_training_pairs_depend_only_on_the_seed(sample_tables):
+    train = sample_tables["train"]
+    first, again, other = _draw(train, 7, 64), _draw(train, 7, 64), _draw(train, 8, 64)
+    assert first == again
+    assert first["path_a"] != other["path_a"]
+
+
+def test_sampler_iterator_checkpoint_restores_the_next_element(sample_tables, tmp_path):
+    records = lfw_pairs.train_records(sample_tables["train"], compose("dataset=lfw_pairs"), 3).batch(4)
+    iterator = iter(records)
+    for _ in range(5):
+        next(iterator)
+    checkpoint = tf.train.Checkpoint(iterator=iterator)
+    saved = checkpoint.save(tmp_path / "ckpt")
+    expected = [next(iterator)["path_a"].numpy().tolist() for _ in range(3)]
+    checkpoint.restore(saved)
+    assert [next(iterator)["path_a"].numpy().tolist() for _ in range(3)] == expected
+
+
+def test_evaluation_selects_dev_test_or_pairs_folds(sample):
+    def tables(*overrides):
+        return lfw_pairs.index(sample, compose("dataset=lfw_pairs", *overrides), SkipLog())
+
+    dev = tables()["validation"]
+    assert len(dev) == 2 * int((sample / "pairsDevTest.txt").read_text().split()[0])
+    every = tables("dataset.eval_pairs=pairs")["validation"]
+    assert sorted(every.fold.unique()) == list(range(10))
+    fold = tables("dataset.eval_pairs=pairs", "dataset.fold=3")
+    assert set(fold["validation"].fold) == {3} and len(fold["validation"]) == len(every) // 10
+    held_out = set(fold["validation"].name_a) | set(fold["validation"].name_b)
+    assert not held_out & set(fold["train"].person)
+    assert set(every.name_a[every.fold != 3]) <= set(fold["train"].person)
+    with pytest.raises(ConfigError, match="dataset.fold=10"):
+        tables("dataset.eval_pairs=pairs", "dataset.fold=10")
+    with pytest.raises(ConfigError, match="dataset.eval_pairs=view2"):
+        tables("dataset.eval_pairs=view2")
+
+
+def test_ten_fold_protocol_matches_a_direct_computation():
+    rng = np.random.default_rng(0)
+    labels = np.tile(np.repeat([1, 0], 15), 10)
+    table = pd.DataFrame({"label": labels, "fold": np.repeat(np.arange(10), 30)})
+    # Informative but imperfect scores, so the chosen thresholds matter.
+    scores = rng.normal(labels * 1.2, 1.0)
+    accuracies = []
+    for fold in range(10):
+        test = table.fold.to_numpy() == fold
+        # Every candidate threshold on the nine other folds; the highest of the best ones, as roc_curve orders them.
+        candidates = np.concatenate([[np.inf], np.sort(np.unique(scores[~test]))[::-1]])
+        train_accuracy = [accuracy_score(labels[~test], scores[~test] >= t) for t in candidates]
+        threshold = candidates[int(np.argmax(train_accuracy))]
+        accuracies.append(accuracy_score(labels[test], scores[test] >= threshold))
+    result = lfw_pairs.protocol_metrics(table, scores)
+    assert result["ten_fold_accuracy_mean"] == pytest.approx(np.mean(accuracies))
+    assert result["ten_fold_accuracy_std"] == pytest.approx(np.std(accuracies, ddof=1))
+    assert 0.6 < result["ten_fold_accuracy_mean"] < 0.9
+    assert lfw_pairs.protocol_metrics(table[table.fold == 0], scores[:30]) == {}
+
+
+def test_configs_pair_the_siamese_cnn_with_lfw_only():
+    cfg = compose("dataset=lfw_pairs")
+    assert (cfg.model.name, cfg.model.inputs, cfg.model.merge) == ("siamese_cnn", "pair", "embedding")
+    check_config(cfg, lfw_pairs.SPEC)
+    with pytest.raises(ConfigError, match="model=resnet_v2_50"):
+        check_config(compose("dataset=lfw_pairs", "model=resnet_v2_50"), lfw_pairs.SPEC)
+    from data import chest_xray
+    with pytest.raises(ConfigError, match="model=siamese_cnn"):
+        check_config(compose("dataset=chest_xray", "model=siamese_cnn"), chest_xray.SPEC)
+
+
+@pytest.mark.slow
+def test_default_run_learns_and_ten_fold_evaluation_reports(tmp_path):
+    """`python run.py dataset=lfw_pairs` as a user runs it, then mode=evaluate on pairs.txt."""
+    run_dir = tmp_path / "run"
+    done = run_cli("dataset=lfw_pairs", f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list((run_dir / "checkpoints").glob("*.index"))
+    assert list((run_dir / "train").glob("**/events.out.tfevents.*"))
+    assert list((run_dir / "validation").glob("**/events.out.tfevents.*"))
+    assert (run_dir / "skipped.csv").read_text().splitlines() == ["path,reason"]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["global_step"] == compose("dataset=lfw_pairs").trainer.train_steps
+    assert metrics["accuracy"] >= 0.75 and metrics["auc"] >= 0.8
+
+    done = run_cli("dataset=lfw_pairs", "mode=evaluate", "dataset.eval_pairs=pairs", f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["examples"] == 600
+    assert 0.6 <= metrics["ten_fold_accuracy_mean"] <= 1 and metrics["ten_fold_accuracy_std"] >= 0
+
+
+@pytest.mark.slow
+def test_a_single_image_model_with_lfw_exits_2_with_one_line(tmp_path):
+    done = run_cli("dataset=lfw_pairs", "model=resnet_v2_50", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "model=resnet_v2_50" in done.stderr.strip().splitlines()[-1]

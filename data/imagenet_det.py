@@ -103,8 +103,8 @@ def largest_object_label(width, height, objects) -> int:
     """
     label, largest = BACKGROUND, 0.0
     for wnid, xmin, ymin, xmax, ymax in objects:
-        visible_width = xmax - xmin
-        visible_height = ymax - ymin
+        visible_width = min(xmax, width) - max(xmin, 0.0)
+        visible_height = min(ymax, height) - max(ymin, 0.0)
         area = max(visible_width, 0.0) * max(visible_height, 0.0)
         if area > largest:
             label, largest = _LABEL_OF_WNID.get(wnid, BACKGROUND), area

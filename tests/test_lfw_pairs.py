@@ -133,6 +133,16 @@ def test_sample_has_the_real_layout_and_formats(sample):
             (path.parent.name, int(path.stem[-4:])) for path in jpegs}
 
 
+def test_sample_is_deterministic(sample, tmp_path):
+    make_sample(tmp_path / "again", seed=0)
+    for name in ("pairs.txt", "pairsDevTrain.txt", "pairsDevTest.txt"):
+        assert (tmp_path / "again" / name).read_text() == (sample / name).read_text()
+    jpegs = sorted(path.relative_to(sample) for path in sample.glob("lfw/*/*.jpg"))
+    assert jpegs == sorted(path.relative_to(tmp_path / "again") for path in (tmp_path / "again").glob("lfw/*/*.jpg"))
+    for path in jpegs[::50]:
+        assert (tmp_path / "again" / path).read_bytes() == (sample / path).read_bytes()
+
+
 @pytest.fixture(scope="module")
 def sample_tables(sample):
     return lfw_pairs.index(sample, compose("dataset=lfw_pairs"), SkipLog())

@@ -9,7 +9,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # Bump when a generator changes, so cached samples are regenerated.
-VERSION = 1
+VERSION = 2
 
 
 def cache_home() -> Path:

@@ -11,7 +11,7 @@ Writes under ``root/ILSVRC``::
 It covers the quirks the reader must handle: XMLs whose children come in
 another order, XMLs with no object, boxes running past the image edge, a
 largest object whose WNID is outside the 200 DET synsets, a grayscale JPEG, a
-CMYK JPEG, a PNG named ``.JPEG`` and one malformed XML. The signal: every
+CMYK JPEG, a PNG named ``.JPEG`` and one malformed XML. The signal: each DET
 object is a rectangle in its class's colour on a grey, grainy scene, and an
 image's label is its largest box, so a network can learn it from a few hundred
 images.

@@ -12,7 +12,6 @@ photo moves, scales and recolours it a little and adds a new background and
 noise. A small siamese CNN learns to compare these cues, which carry over to
 people it has never seen, as the person-disjoint evaluation requires.
 """
-from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +98,7 @@ def _write(job):
 def _pairs(rng, people, counts, per_class):
     """`per_class` same-person then different-person lines among `people`, without repeats where possible."""
     with_two = [p for p in people if counts[p] >= 2]
-    available = sum(len(list(combinations(range(counts[p]), 2))) for p in with_two)
+    available = sum(counts[p] * (counts[p] - 1) // 2 for p in with_two)
     same, different = [], []
     while len(same) < per_class:
         person = with_two[rng.integers(len(with_two))]

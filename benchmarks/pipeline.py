@@ -721,7 +721,7 @@ def throughput(args, command_line):
     print("columns: images/s is the median over repeats (wall clock); images per CPU-s counts this process and its "
           "workers only, so other load hardly moves it; cores busy is CPU-s per wall-s (the ceiling: of its one "
           "pinned core); others' cores is what other processes used meanwhile")
-    summary = {}
+    summary, failed = {}, False
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as workdir:
         for name in args.datasets.split(","):
             absent = dataset_absent(name)
@@ -729,11 +729,17 @@ def throughput(args, command_line):
                 print(f"\n### {name}: skipped: {absent}")
                 continue
             started = time.perf_counter()
-            bench = Bench(name, args.batch_size, args.image_size, workdir)
-            notes = {}
-            sources = build_sources(bench, only, notes)
+            sources = []
             try:
+                bench = Bench(name, args.batch_size, args.image_size, workdir)
+                notes = {}
+                sources = build_sources(bench, only, notes)
                 run_interleaved(sources, args.seconds, args.repeats, args.quiet_wait)
+            except Exception as error:  # one dataset failing (its files changed under us...) spares the others
+                log.exception("%s failed", name)
+                print(f"\n### {name}: failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+                failed = True
+                continue
             finally:
                 for source in sources:
                     if isinstance(source, CeilingSource):
@@ -744,6 +750,7 @@ def throughput(args, command_line):
                   f"{os.getloadavg()[0]:.1f} -- other processes on the machine show up as noise)")
     print_summary(summary, args)
     print(f"\ncommand: {command_line}")
+    return 1 if failed else 0
 
 
 def print_summary(summary, args):
@@ -769,8 +776,9 @@ def print_summary(summary, args):
                 cells.append(f"{rate[key]:,.0f} ({rate[key] / c:.2f}×)" if c else f"{rate[key]:,.0f}")
             else:
                 cells.append(notes.get(key, "–").split(":")[0])
-        title = titles.get(key, {"b": "PyTorch DataLoader + PIL", "d": "TFRecord encoded",
-                                 "e": "TFRecord raw", "f": "cache=memory"}.get(key, key))
+        title = {"g": "tutorial baseline (LFW: from_generator + PIL; DET: from_generator + py_function XML)"}.get(
+            key, titles.get(key, {"b": "PyTorch DataLoader + PIL", "d": "TFRecord encoded", "e": "TFRecord raw",
+                                  "f": "cache=memory"}.get(key, key)))
         print(f"| {key}: {title} | " + " | ".join(cells) + " |")
 
 
@@ -914,7 +922,7 @@ def main(argv=None):
     if args.starvation:
         starvation(args, command_line.strip())
     else:
-        throughput(args, command_line.strip())
+        sys.exit(throughput(args, command_line.strip()))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
     height, width = image_size
     backbone = _APPLICATIONS[model_cfg.name](
         include_top=False, weights=None, input_shape=(height, width, spec.channels), pooling="avg")
+    # keras.applications fixes batch-norm momentum at 0.99; its moving statistics then need
+    # several hundred steps to settle, and evaluation of a short run sees the initial ones.
+    for layer in backbone.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = model_cfg.get("batch_norm_momentum", 0.99)
     # float32 logits keep the loss stable under mixed precision.
     logits = keras.layers.Dense(spec.num_outputs, dtype="float32", name="logits")(backbone.output)
     return keras.Model(backbone.input, logits, name=model_cfg.name)

@@ -47,19 +47,20 @@ def load_tables(cfg, skipped) -> dict:
     module = dataset_module(cfg)
     tables = module.index(dataset_root(cfg, module), cfg, skipped)
     if cfg.pipeline.verify_images:
-        paths = sorted({p for table in tables.values() for column in _path_columns(table) for p in table[column]})
+        paths = sorted({p for table in tables.values() for column in path_columns(table) for p in table[column]})
         bad = undecodable(paths, module.SPEC.channels)
         for path in sorted(bad):
             skipped.add(path, "undecodable image")
-        tables = {name: table[~table[_path_columns(table)].isin(bad).any(axis=1)].reset_index(drop=True)
+        tables = {name: table[~table[path_columns(table)].isin(bad).any(axis=1)].reset_index(drop=True)
                   for name, table in tables.items()}
     for name, table in tables.items():
         log.info("%s split: %d examples", name, len(table))
     return tables
 
 
-def _path_columns(table):
-    return [column for column in table.columns if column.startswith("path")]
+def path_columns(table) -> list:
+    """The table's image path columns: ``path``, or ``path_a`` and ``path_b`` for pairs."""
+    return sorted(column for column in table.columns if column.startswith("path"))
 
 
 def undecodable(paths, channels) -> set:
@@ -91,7 +92,7 @@ def undecodable(paths, channels) -> set:
 
 def records(table) -> tf.data.Dataset:
     """The cheap per-example records: image paths and labels, one tensor per column."""
-    columns = _path_columns(table) + ["label"]
+    columns = path_columns(table) + ["label"]
     return tf.data.Dataset.from_tensor_slices({column: np.asarray(table[column].tolist()) for column in columns})
 
 

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from data import images
 from data.errors import ConfigError
-from data.input_fn import dataset_module, load_tables, records
+from data.input_fn import dataset_module, load_tables, path_columns, records
 from data.skipped import SkipLog
 
 log = logging.getLogger("data.tfrecords")  # not __name__, which is __main__ under `python -m`
@@ -82,10 +82,6 @@ def label_key(paired: bool) -> str:
 
 def shard_name(split: str, index: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
-
-
-def path_columns(table) -> list:
-    return sorted(column for column in table.columns if column.startswith("path"))
 
 
 def feature_spec(columns, label_shape) -> dict:

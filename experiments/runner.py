@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from data import caching, images
 from data.errors import ConfigError
-from data.input_fn import dataset_module, input_fn, load_tables
+from data.input_fn import dataset_module, input_fn, load_tables, path_columns
 from data.skipped import SkipLog
 from experiments import metrics, strategies
 from experiments.summaries import Summaries, write_metrics
@@ -72,9 +72,7 @@ def run(cfg):
     # Input pipeline: index once, in Python; everything per example happens in tf.data.
     skipped = SkipLog()
     tables = load_tables(cfg, skipped)
-    skipped.write(model_dir / "skipped.csv")
-    if skipped:
-        log.warning("%d input rows were skipped (%s); see skipped.csv", len(skipped), skipped.summary())
+    skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
 
     # Model, optimizer and global step.
     trainer = Trainer(cfg, spec, strategy, images.configured_size(cfg))
@@ -225,7 +223,7 @@ class Estimator:
         data = input_fn(self.cfg, table, training=False, split=split, model_dir=self.model_dir)
         logits, _, _ = self._outputs(data)
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
-        paths = table[[column for column in table.columns if column.startswith("path")]]
+        paths = table[path_columns(table)]
         predictions = pd.concat([paths.reset_index(drop=True),
                                  pd.DataFrame(scores, columns=list(self.spec.class_names))], axis=1)
         predictions.to_csv(self.model_dir / "predictions.csv", index=False)

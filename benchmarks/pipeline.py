@@ -3,8 +3,8 @@
 
     python benchmarks/pipeline.py [--datasets chest_xray,lfw_pairs,imagenet_det] [--batch-size 64]
                                   [--image-size 224] [--seconds 3] [--repeats 3] [--quiet-wait 10]
-                                  [--only ceiling,a,b,c,d,e,f,g]
-    python benchmarks/pipeline.py --starvation [--dataset chest_xray] [--steps 10] [--model resnet_v2_50]
+                                  [--only ceiling,cores,a,b,c,d,e,f,g,h]
+    python benchmarks/pipeline.py --starvation [--dataset chest_xray] [--steps 10] [--model resnet_v2_152]
                                   [--batch-size 32] [--image-size 224]
 
 For each dataset module present, on its embedded sample's training split, at one batch and
@@ -12,18 +12,22 @@ image size, it measures images/s of:
 
     ceiling  one-core decode+resize (the pipeline's own graph, module.load, in a sequential map with
              tf.data threading limited to 1, in a subprocess pinned to one CPU) x cores
+    cores    the same on every core at once, a pinned subprocess each (a diagnostic: what the cores
+             give together; one busy core beside idle ones often runs faster)
     a        a Python loop decoding and resizing with PIL, one tf.constant per batch (the feed_dict way)
     b        the PyTorch DataLoader, num_workers = cores, the same PIL decode and resize
-    c        our file pipeline: input_fn(training=True), pipeline.source=files, augmentation on
+    c        our file pipeline: input_fn(training=True), pipeline.source=files (uint8 batches)
     d, e     pipeline.source=tfrecord with tfrecord.encoding=encoded / raw (converted into a temp dir)
     f        pipeline.cache=memory, after the pass that fills the cache
     g        the dataset's tutorial-style baseline, where it has one: LFW, a Python generator that
              samples pairs and decodes them with PIL through Dataset.from_generator; ImageNet DET, the
              classic from_generator over (image, XML) + tf.py_function XML parsing + decode_jpeg
+    h        ImageNet DET only: g with its decode moved to a second map, which TF 2.21 parallelises
 
-a, b and g do the same work as c per image: decode, the same resize (PIL's bilinear filter is
-antialiased when shrinking, like tf.image.resize(antialias=True)), the same random brightness
-(and flip where the dataset flips) and normalisation, in NumPy.
+a, b, g and h do the same work as c per image: decode, the same crop and resize (PIL's bilinear
+filter is antialiased when shrinking, like tf.image.resize(antialias=True)), uint8 out. No row
+augments or normalises: the train step does that on the device for every source alike
+(data/preprocessing.py).
 
 Every source is measured `--repeats` times, interleaved (round-robin, the order rotated each
 round) so that drift and noise on a shared machine hit all of them alike; each measurement is a
@@ -52,8 +56,9 @@ import time
 from pathlib import Path
 
 if __name__ == "__main__" and "--ceiling-worker" in sys.argv:
-    # Pin before TensorFlow starts, so every thread it makes shares one core (taskset -c 0).
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    # Pin before TensorFlow starts, so every thread it makes shares one core (taskset -c N).
+    _core = int(sys.argv[sys.argv.index("--core") + 1]) if "--core" in sys.argv else min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {_core})
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +75,7 @@ from data.skipped import SkipLog  # noqa: E402
 log = logging.getLogger("benchmarks.pipeline")
 AUTOTUNE = tf.data.AUTOTUNE
 DATASETS = ("chest_xray", "lfw_pairs", "imagenet_det")
-ROWS = ("ceiling", "a", "b", "c", "d", "e", "f", "g")
+ROWS = ("ceiling", "cores", "a", "b", "c", "d", "e", "f", "g", "h")
 CORES = len(os.sched_getaffinity(0))
 SEED = 42
 
@@ -117,9 +122,6 @@ class Bench:
         self.size = images.configured_size(self.cfg)
         self.method = self.cfg.dataset.resize
         self.crop_fraction = self.cfg.dataset.get("crop_fraction")
-        self.augment = bool(self.cfg.pipeline.augment)
-        self.flip = bool(self.cfg.dataset.flip)
-        self.normalize = self.cfg.dataset.normalize
         if self.sampled:
             groups = self.table.groupby("person", sort=True).path
             self.people = [list(paths) for _, paths in groups]
@@ -150,9 +152,8 @@ class Bench:
         return (self.people[a][rng.integers(len(self.people[a]))],
                 self.people[b][rng.integers(len(self.people[b]))]), np.zeros([1], np.float32)
 
-    def pil_image(self, path, rng):
-        """PIL's decode and the same resize as data.images (bilinear with antialias, or crop-or-pad),
-        then the same augmentation and normalisation as input_fn, in NumPy."""
+    def pil_image(self, path):
+        """PIL's decode and the same crop and resize as data.images: uint8 (height, width, channels)."""
         height, width = self.size
         with Image.open(path) as image:
             image = image.convert("L" if self.spec.channels == 1 else "RGB")
@@ -165,20 +166,12 @@ class Bench:
             pixels = _crop_or_pad(np.asarray(image), height, width)
         else:
             # PIL's bilinear filter widens its support when shrinking: the antialiased resize.
-            pixels = np.asarray(image.resize((width, height), Image.BILINEAR))
-        pixels = pixels.reshape(height, width, self.spec.channels).astype(np.float32)
-        if self.augment:
-            if self.flip and rng.random() < 0.5:
-                pixels = pixels[:, ::-1]
-            pixels = np.clip(pixels + rng.uniform(-25.5, 25.5), 0, 255)
-        if self.normalize == "per_image_standardization":
-            return (pixels - pixels.mean()) / max(pixels.std(), 1 / math.sqrt(pixels.size))
-        return pixels / 127.5 - 1.0
+            pixels = np.array(image.resize((width, height), Image.BILINEAR))  # a writable copy, as torch wants
+        return pixels.reshape(height, width, self.spec.channels)
 
     def pil_example(self, i):
         paths, label = self.example(i)
-        rng = np.random.default_rng([SEED + 1, i])
-        features = tuple(self.pil_image(path, rng) for path in paths)
+        features = tuple(self.pil_image(path) for path in paths)
         return (features if self.spec.paired else features[0]), label
 
 
@@ -357,7 +350,7 @@ def torch_start(bench):
 def from_generator_dataset(bench):
     """(g, LFW) The tutorial way: a Python generator samples pairs and decodes them with PIL."""
     height, width = bench.size
-    image = tf.TensorSpec([height, width, bench.spec.channels], tf.float32)
+    image = tf.TensorSpec([height, width, bench.spec.channels], tf.uint8)
     features = (image, image) if bench.spec.paired else image
     label_shape = np.shape(bench.example(0)[1])
 
@@ -384,10 +377,16 @@ def annotation_path(image_path):
     return ""
 
 
-def tutorial_det_dataset(bench):
+def tutorial_det_dataset(bench, separate_decode=False):
     """(g, ImageNet DET) The classic tutorial pipeline, faithfully: from_generator over (image, XML)
-    paths, the XML parsed by tf.py_function (ElementTree, largest box -> label) in a sequential map,
-    tf.io.decode_jpeg and the same crop-or-pad resize, then batch and prefetch."""
+    paths, then one sequential map that parses the XML with tf.py_function (ElementTree, largest
+    box -> label), reads the image, tf.io.decode_jpeg and the same crop-or-pad resize; then batch
+    and prefetch. Like every row, it hands uint8 batches on (a tutorial would also normalise in its
+    map; that is left to the step).
+
+    (h) `separate_decode`: the same, with the decode in a second map of its own. That map holds
+    no py_function, so TF 2.21's default map_parallelization runs it in parallel: the tutorial
+    as it runs today when written that way, and a much harder baseline."""
     import xml.etree.ElementTree as ElementTree
 
     wnids = {wnid: k for k, wnid in enumerate(bench.module.WNIDS)}
@@ -421,50 +420,72 @@ def tutorial_det_dataset(bench):
 
     def decode(image_path, label):
         image = tf.io.decode_jpeg(tf.io.read_file(image_path), channels=3)
-        image = tf.image.resize_with_crop_or_pad(image, height, width)
-        return tf.cast(image, tf.float32) / 127.5 - 1.0, label
+        return tf.image.resize_with_crop_or_pad(image, height, width), label
 
     data = tf.data.Dataset.from_generator(generate, output_signature=(tf.TensorSpec([], tf.string),
                                                                       tf.TensorSpec([], tf.string)))
-    data = data.map(parse)
-    data = data.map(decode)
+    if separate_decode:
+        data = data.map(parse).map(decode)
+    else:
+        data = data.map(lambda image_path, xml_path: decode(*parse(image_path, xml_path)))
     return data.batch(bench.batch_size, drop_remainder=True).prefetch(1)
 
 
 class CeilingSource(Source):
-    """One-core decode+resize in a pinned subprocess (`--ceiling-worker`), reported x cores."""
+    """One-core decode+resize in a pinned subprocess (`--ceiling-worker`), reported x cores.
 
-    def __init__(self, bench):
-        super().__init__("ceiling", f"one-core decode+resize x {CORES} cores (pinned subprocess)", bench)
-        self.wall_scale = CORES
+    With `all_cores`, one such subprocess per core, all decoding at once (the `cores` row): what
+    the machine really gives when every core is busy, which the ceiling's one busy core (with the
+    others idle, so often clocked higher) overstates.
+    """
+
+    def __init__(self, bench, all_cores=False):
+        if all_cores:
+            super().__init__("cores", f"decode+resize on all {CORES} cores at once (a pinned subprocess each)", bench)
+        else:
+            super().__init__("ceiling", f"one-core decode+resize x {CORES} cores (pinned subprocess)", bench)
+        # Busy cores = CPU time per worker / this wall time: the one core of the ceiling, all of them here.
+        self.wall_scale = 1 if all_cores else CORES
         command = [sys.executable, str(Path(__file__).resolve()), "--ceiling-worker", "--dataset", bench.name,
                    "--batch-size", str(bench.batch_size), "--image-size", str(bench.image_size)]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        cwd=ROOT)
+        cores = sorted(os.sched_getaffinity(0)) if all_cores else [min(os.sched_getaffinity(0))]
+        self.processes = [subprocess.Popen(command + ["--core", str(core)], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, text=True, cwd=ROOT) for core in cores]
         self._ask({"op": "ready"})
 
     def _ask(self, request):
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the ceiling worker for {self.bench.name} exited ({self.process.wait()})")
-        return json.loads(line)
+        """Sends `request` to every worker at once and returns their replies."""
+        for process in self.processes:
+            process.stdin.write(json.dumps(request) + "\n")
+            process.stdin.flush()
+        replies = []
+        for process in self.processes:
+            line = process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a ceiling worker for {self.bench.name} exited ({process.wait()})")
+            replies.append(json.loads(line))
+        return replies
 
     def calibrate(self, seconds):
-        reply = self._ask({"op": "calibrate", "seconds": seconds})
+        reply = self._ask({"op": "calibrate", "seconds": seconds})[0]
         return reply["batches"], reply["seconds"] / CORES
 
     def measure(self, warmup, batches):
-        # Wall time on one core divided by the cores: the rate all cores would reach decoding alone.
-        # This process only waits meanwhile, so the worker's count of others' cores is right.
-        reply = self._ask({"op": "measure", "warmup": warmup, "batches": batches})
-        return reply["seconds"] / CORES, reply["cpu_seconds"], reply["others"]
+        # One core: its wall time divided by the cores, the rate all cores would reach decoding alone.
+        # All cores: the slowest worker's time for its batches, divided by the workers that ran meanwhile,
+        # and the workers' mean CPU time, as the caller counts one worker's batches.
+        # This process only waits meanwhile, so a worker's count of others' cores is right (less the
+        # other workers').
+        replies = self._ask({"op": "measure", "warmup": warmup, "batches": batches})
+        others = min(reply["others"] for reply in replies) - (len(replies) - 1)
+        return (max(reply["seconds"] for reply in replies) / CORES,
+                statistics.mean(reply["cpu_seconds"] for reply in replies), max(others, 0.0))
 
     def close(self):
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            self.process.wait(timeout=30)
+        for process in self.processes:
+            if process.poll() is None:
+                process.stdin.close()
+                process.wait(timeout=30)
 
 
 def ceiling_worker(args):
@@ -533,6 +554,8 @@ def build_sources(bench, only, notes):
 
     if wanted("ceiling"):
         sources.append(CeilingSource(bench))
+    if wanted("cores") and CORES > 1:
+        sources.append(CeilingSource(bench, all_cores=True))
     if wanted("a"):
         sources.append(Source("a", "Python loop + PIL, tf.constant per batch", bench, python_loop_start(bench)))
     if wanted("b"):
@@ -588,8 +611,11 @@ def build_sources(bench, only, notes):
             sources.append(Source("g", "from_generator + PIL pair sampler (tutorial)", bench,
                                   tf_start(lambda: from_generator_dataset(bench))))
         elif bench.name == "imagenet_det":
-            sources.append(Source("g", "tutorial: from_generator + py_function XML + decode_jpeg", bench,
+            sources.append(Source("g", "tutorial: from_generator, one map: py_function XML + decode_jpeg", bench,
                                   tf_start(lambda: tutorial_det_dataset(bench))))
+    if wanted("h") and bench.name == "imagenet_det":
+        sources.append(Source("h", "tutorial, decode in a 2nd map (auto-parallelised by TF 2.21)", bench,
+                              tf_start(lambda: tutorial_det_dataset(bench, separate_decode=True))))
     return sources
 
 
@@ -690,6 +716,9 @@ def report_dataset(bench, sources, notes, repeats):
     chest = bench.name == "chest_xray"
     print(f"\nratios ({bench.name}; median of per-round ratios):")
     print(target_line("c ÷ ceiling", paired_ratio(by_key, "c", "ceiling"), 0.8 if bench.spec.paired else 0.85))
+    if "cores" in by_key:
+        print(f"  {'c ÷ cores':<26} {paired_ratio(by_key, 'c', 'cores'):8.2f}   (diagnostic: c against every core "
+              f"decoding at once; cores ÷ ceiling {paired_ratio(by_key, 'cores', 'ceiling'):.2f})")
     print(target_line("c ÷ a", paired_ratio(by_key, "c", "a"), 3 if chest else 4))
     print(target_line("c ÷ b", paired_ratio(by_key, "c", "b"), 1.3))
     if chest and bench.image_size == 224:
@@ -700,6 +729,8 @@ def report_dataset(bench, sources, notes, repeats):
     print(target_line("f ÷ c", paired_ratio(by_key, "f", "c"), None))
     if bench.name in ("lfw_pairs", "imagenet_det"):
         print(target_line("c ÷ g", paired_ratio(by_key, "c", "g"), 3))
+    if bench.name == "imagenet_det":
+        print(target_line("c ÷ h", paired_ratio(by_key, "c", "h"), None))
     if bench.spec.paired and c:
         print(f"  pair pipeline c: {c / 2:,.0f} pairs/s = {c:,.0f} images/s (two decodes per pair)")
     if "c" in by_key and "ceiling" in by_key:
@@ -776,7 +807,9 @@ def print_summary(summary, args):
                 cells.append(f"{rate[key]:,.0f} ({rate[key] / c:.2f}×)" if c else f"{rate[key]:,.0f}")
             else:
                 cells.append(notes.get(key, "–").split(":")[0])
-        title = {"g": "tutorial baseline (LFW: from_generator + PIL; DET: from_generator + py_function XML)"}.get(
+        title = {"g": "tutorial baseline (LFW: from_generator + PIL; DET: from_generator + py_function XML)",
+                 "cores": f"decode+resize on all {CORES} cores at once",
+                 "h": "DET tutorial, decode in a 2nd map (auto-parallelised)"}.get(
             key, titles.get(key, {"b": "PyTorch DataLoader + PIL", "d": "TFRecord encoded", "e": "TFRecord raw",
                                   "f": "cache=memory"}.get(key, key)))
         print(f"| {key}: {title} | " + " | ".join(cells) + " |")
@@ -901,14 +934,12 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", default="chest_xray", help="the dataset of --starvation")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per feed with --starvation")
     parser.add_argument("--model", default=None,
-                        help="model of --starvation (default resnet_v2_50 for chest_xray, else the dataset's own)")
+                        help="model of --starvation (default: the dataset's own, resnet_v2_152 for chest_xray)")
     parser.add_argument("--ceiling-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--core", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.batch_size is None:
         args.batch_size = 32 if args.starvation else 64
-    if args.starvation and args.model is None and args.dataset == "chest_xray":
-        # ResNet-152 takes ~50 s to trace on 2 cores; ResNet-50's step still outlasts the pipeline's batch.
-        args.model = "resnet_v2_50"
     return args
 
 

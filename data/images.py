@@ -4,6 +4,14 @@ import tensorflow as tf
 _JPEG_MAGIC = b"\xff\xd8"
 
 
+def _is_jpeg(contents):
+    return tf.equal(tf.strings.substr(contents, 0, 2), _JPEG_MAGIC)
+
+
+def _decode_any(contents, channels):
+    return tf.io.decode_image(contents, channels=channels, dtype=tf.uint8, expand_animations=False)
+
+
 def decode(contents, channels):
     """Decodes JPEG/PNG/GIF/BMP bytes to uint8 with exactly `channels` channels.
 
@@ -12,32 +20,83 @@ def decode(contents, channels):
     as `channels` uint8 channels.
     """
     if channels == 3:
-        image = tf.io.decode_image(contents, channels=3, dtype=tf.uint8, expand_animations=False)
+        image = _decode_any(contents, 3)
     else:
         # libjpeg cannot turn CMYK straight into one channel, so JPEGs go through RGB.
-        is_jpeg = tf.equal(tf.strings.substr(contents, 0, 2), _JPEG_MAGIC)
         image = tf.cond(
-            is_jpeg,
+            _is_jpeg(contents),
             lambda: tf.image.rgb_to_grayscale(tf.io.decode_jpeg(contents, channels=3)),
-            lambda: tf.io.decode_image(contents, channels=channels, dtype=tf.uint8, expand_animations=False),
+            lambda: _decode_any(contents, channels),
         )
     image.set_shape([None, None, channels])
     return image
 
 
-def resize(image, size, method="resize", crop_fraction=None):
-    """Resizes a uint8 image to `size` (int or (height, width)), returning uint8.
+def _kept_window(height, width, size, method, crop_fraction):
+    """The [top, left, height, width] box of an image that survives the crop before resizing.
+
+    It is tf.image.central_crop's box for `crop_fraction`, then, for ``crop_or_pad``,
+    tf.image.resize_with_crop_or_pad's crop where the image is larger than `size`.
+    """
+    if crop_fraction:
+        # central_crop's arithmetic, so both decode paths keep the same pixels.
+        top = tf.cast((tf.cast(height, tf.float64) * (1 - crop_fraction)) / 2, tf.int32)
+        left = tf.cast((tf.cast(width, tf.float64) * (1 - crop_fraction)) / 2, tf.int32)
+        height, width = height - 2 * top, width - 2 * left
+    else:
+        top = left = tf.constant(0, tf.int32)
+    if method == "crop_or_pad":
+        top += tf.maximum((height - size[0]) // 2, 0)
+        left += tf.maximum((width - size[1]) // 2, 0)
+        height, width = tf.minimum(height, size[0]), tf.minimum(width, size[1])
+    return tf.stack([top, left, height, width])
+
+
+def decode_and_resize(contents, channels, size, method="resize", crop_fraction=None):
+    """Decodes image bytes like `decode`, crops and resizes them to `size`, as uint8.
 
     Args:
+        size: (height, width).
         method: ``resize`` stretches to the size; ``crop_or_pad`` keeps the scale
             and centre-crops or zero-pads to it.
         crop_fraction: when set, first keep this central fraction of the image.
+
+    A JPEG decodes only the window that the crops keep (libjpeg skips the rest):
+    LFW's central crop keeps a quarter of each face photo, a centre crop of an
+    ILSVRC image well under half.
     """
-    height, width = (size, size) if isinstance(size, int) else size
-    if crop_fraction:
-        image = tf.image.central_crop(image, crop_fraction)
+    height, width = size
+    cropping = bool(crop_fraction) or method == "crop_or_pad"
+
+    def jpeg():
+        shape = tf.image.extract_jpeg_shape(contents)
+        top, left, kept_height, kept_width = tf.unstack(
+            _kept_window(shape[0], shape[1], size, method, crop_fraction))
+        # libjpeg upsamples chroma at a window's edge from the edge alone; one more pixel on each
+        # side gives the kept pixels the neighbours a full decode uses, so they match it exactly.
+        outer_top, outer_left = tf.maximum(top - 1, 0), tf.maximum(left - 1, 0)
+        outer_bottom = tf.minimum(top + kept_height + 1, shape[0])
+        outer_right = tf.minimum(left + kept_width + 1, shape[1])
+        # channels=3 first: libjpeg cannot turn CMYK straight into one channel.
+        image = tf.io.decode_and_crop_jpeg(
+            contents, tf.stack([outer_top, outer_left, outer_bottom - outer_top, outer_right - outer_left]),
+            channels=3)
+        image = image[top - outer_top:top - outer_top + kept_height, left - outer_left:left - outer_left + kept_width]
+        return tf.image.rgb_to_grayscale(image) if channels == 1 else image
+
+    def other():
+        image = _decode_any(contents, channels)
+        shape = tf.shape(image)
+        top, left, kept_height, kept_width = tf.unstack(_kept_window(shape[0], shape[1], size, method, crop_fraction))
+        return image[top:top + kept_height, left:left + kept_width]
+
+    if cropping:
+        image = tf.cond(_is_jpeg(contents), jpeg, other)
+        image.set_shape([None, None, channels])
+    else:
+        image = decode(contents, channels)
     if method == "crop_or_pad":
-        image = tf.image.resize_with_crop_or_pad(image, height, width)
+        image = tf.image.resize_with_crop_or_pad(image, height, width)  # pads only: the crop is done
     else:
         # antialias keeps thin structures when shrinking 1024px X-rays to a few dozen pixels; when
         # enlarging (LFW's face crops) it changes no pixel but costs a much slower kernel.
@@ -46,13 +105,13 @@ def resize(image, size, method="resize", crop_fraction=None):
         image = tf.cond(shrinking, lambda: tf.image.resize(image, [height, width], antialias=True),
                         lambda: tf.image.resize(image, [height, width]))
         image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-    image.set_shape([height, width, image.shape[-1]])
+    image.set_shape([height, width, channels])
     return image
 
 
 def read_and_resize(path, channels, size, method="resize", crop_fraction=None):
-    """Reads an image file and returns it decoded and resized to uint8."""
-    return resize(decode(tf.io.read_file(path), channels), size, method, crop_fraction)
+    """Reads an image file and returns it decoded, cropped and resized to uint8 (see `decode_and_resize`)."""
+    return decode_and_resize(tf.io.read_file(path), channels, size, method, crop_fraction)
 
 
 def configured_size(cfg):

@@ -1,9 +1,11 @@
 """The input_fn factory: one tf.data pipeline shape for every dataset.
 
-Every element is ``(features, labels, weights)`` with a static batch dimension.
-Training batches drop the remainder; evaluation pads its last batch and gives
-the padding weight 0, so evaluation sees every example exactly once, train and
-validation share one ``element_spec``, and each step function is traced once.
+Every element is ``(features, labels, weights)`` with a static batch dimension;
+features are uint8 images, which the traced steps augment and normalise on the
+device (data/preprocessing.py). Training batches drop the remainder; evaluation
+pads its last batch and gives the padding weight 0, so evaluation sees every
+example exactly once, train and validation share one ``element_spec``, and each
+step function is traced once.
 """
 import hashlib
 import json
@@ -58,6 +60,17 @@ def load_tables(cfg, skipped) -> dict:
     return tables
 
 
+def workers() -> tuple:
+    """(number of training workers, this worker's index) from TF_CONFIG; (1, 0) without it."""
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    cluster, task = config.get("cluster", {}), config.get("task", {})
+    chiefs = len(cluster.get("chief", []))
+    count = chiefs + len(cluster.get("worker", []))
+    # MultiWorkerMirroredStrategy counts the chief as worker 0 when there is one.
+    index = int(task.get("index", 0)) + (chiefs if task.get("type") == "worker" else 0)
+    return max(count, 1), index
+
+
 def path_columns(table) -> list:
     """The table's image path columns: ``path``, or ``path_a`` and ``path_b`` for pairs."""
     return sorted(column for column in table.columns if column.startswith("path"))
@@ -96,42 +109,6 @@ def records(table) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices({column: np.asarray(table[column].tolist()) for column in columns})
 
 
-def _normalize(image, method):
-    image = tf.cast(image, tf.float32)
-    if method == "per_image_standardization":
-        return tf.image.per_image_standardization(image)
-    return image / 127.5 - 1.0  # unit_range: [-1, 1], what ResNet-v2 expects
-
-
-def _augment(image, seed, flip):
-    if flip:
-        image = tf.image.stateless_random_flip_left_right(image, seed)
-    return tf.image.stateless_random_brightness(image, 0.1 * 255, seed + 1)
-
-
-def preprocess_fn(cfg, training, seed):
-    """Augments (training only) and normalises uint8 images to float32; graph-only."""
-    augment = training and cfg.pipeline.augment
-    flip, method = cfg.dataset.flip, cfg.dataset.normalize
-
-    def one(image, element_seed):
-        image = tf.cast(image, tf.float32)
-        if augment:
-            image = tf.clip_by_value(_augment(image, element_seed, flip), 0, 255)
-        return _normalize(image, method)
-
-    def preprocess(index, example):
-        features, label = example
-        element_seed = tf.stack([tf.constant(seed, tf.int64), index])
-        if isinstance(features, tuple):
-            features = tuple(one(image, element_seed + 2 * k) for k, image in enumerate(features))
-        else:
-            features = one(features, element_seed)
-        return features, label
-
-    return preprocess
-
-
 def pad_batch(batch_size):
     """Pads a final short batch to `batch_size`, with weight 0 on the padding."""
 
@@ -155,16 +132,26 @@ def input_fn(cfg, table, training, split, model_dir=None, seed=None) -> tf.data.
     Args:
         cfg: the composed config.
         table: the split's index table (from `load_tables`).
-        training: shuffle, repeat forever, augment and drop the last partial batch.
+        training: shuffle, repeat forever and drop the last partial batch (the train step augments).
         split: the split's name, used to name the disk cache.
         model_dir: run directory, where `pipeline.cache=disk` keeps its files.
-        seed: shuffle and augmentation seed; defaults to `cfg.seed`.
+        seed: shuffle (and LFW pair-drawing) seed; defaults to `cfg.seed`.
     """
     module = dataset_module(cfg)
     seed = cfg.seed if seed is None else seed
     batch_size = cfg.pipeline.batch_size
-    cache = cfg.pipeline.cache
     sampled = training and hasattr(module, "train_records")
+    worker_count, worker = workers() if training else (1, 0)
+    if worker_count > 1:
+        # Each worker feeds its own replicas their share of the global batch, from its own examples.
+        # (Evaluation is not split: every worker reads the whole split, and the steps take their slice.)
+        if batch_size % worker_count:
+            raise ConfigError(f"pipeline.batch_size={batch_size} does not divide across {worker_count} workers")
+        batch_size //= worker_count
+        log.info("Worker %d of %d: %s, %d examples of every global batch of %d", worker, worker_count,
+                 "its own pair draws" if sampled else f"its 1/{worker_count} of the {split} split", batch_size,
+                 cfg.pipeline.batch_size)
+    cache = cfg.pipeline.cache
     buffer = cfg.pipeline.shuffle_buffer or max(len(table), 1)
     if cache not in ("none", "memory", "disk"):
         raise ConfigError(f"pipeline.cache={cache} is not one of none|memory|disk")
@@ -178,19 +165,23 @@ def input_fn(cfg, table, training, split, model_dir=None, seed=None) -> tf.data.
             log.info("%s draws its training examples from the image files afresh; shards serve its evaluation",
                      cfg.dataset.name)
         # Index records are cheap; shuffling them, not decoded images, keeps the buffer small.
-        data = module.train_records(table, cfg, seed) if sampled else records(table)
+        if sampled:
+            # Every worker draws its own pairs.
+            data = module.train_records(table, cfg, seed + 7919 * worker)
+        else:
+            data = records(table)
+            if worker_count > 1:
+                data = data.shard(worker_count, worker)  # before shuffling: disjoint, and together whole
         if training and not sampled and cache == "none":
             # Reshuffled every pass; repeat after shuffle so each epoch is seen whole.
             data = data.shuffle(buffer, seed, reshuffle_each_iteration=True).repeat()
         # The expensive part: read, decode and resize in parallel.
         data = data.map(lambda record: module.load(record, cfg), num_parallel_calls=AUTOTUNE)
     if cache != "none" and not sampled:
-        # Cache decoded, resized images once; shuffle and augment after, so every pass differs.
+        # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.
         data = caching.cache(data, cache, model_dir, split)
         if training:
             data = data.shuffle(min(buffer, 10_000), seed, reshuffle_each_iteration=True).repeat()
-    # A per-element counter seeds stateless augmentation: deterministic and checkpointable.
-    data = data.enumerate().map(preprocess_fn(cfg, training, seed), num_parallel_calls=AUTOTUNE)
     if training:
         data = data.batch(batch_size, drop_remainder=True)
         data = data.map(lambda features, labels: (features, labels, tf.ones([batch_size])))

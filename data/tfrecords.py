@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from data import images
 from data.errors import ConfigError
-from data.input_fn import dataset_module, load_tables, path_columns, records
+from data.input_fn import dataset_module, load_tables, path_columns, records, workers
 from data.skipped import SkipLog
 
 log = logging.getLogger("data.tfrecords")  # not __name__, which is __main__ under `python -m`
@@ -58,17 +58,6 @@ _FORMATS = ((b"\x89PNG", "png"), (b"\xff\xd8", "jpeg"), (b"GIF8", "gif"), (b"BM"
 
 # ---------------------------------------------------------------------------------------------
 # Names and layout
-
-
-def workers() -> tuple:
-    """(number of training workers, this worker's index) from TF_CONFIG; (1, 0) without it."""
-    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    cluster, task = config.get("cluster", {}), config.get("task", {})
-    chiefs = len(cluster.get("chief", []))
-    count = chiefs + len(cluster.get("worker", []))
-    # MultiWorkerMirroredStrategy counts the chief as worker 0 when there is one.
-    index = int(task.get("index", 0)) + (chiefs if task.get("type") == "worker" else 0)
-    return max(count, 1), index
 
 
 def image_prefix(path_column: str) -> str:
@@ -488,8 +477,8 @@ def read(cfg, split, training, seed, table=None) -> tf.data.Dataset:
         # Per record: the decode dwarfs the parse, and batches of encoded images would only fill buffers
         # (and input checkpoints) with bytes. The decode and resize are the module's load's, on stored bytes.
         parsed = tf.io.parse_single_example(serialized, parse_spec)
-        pixels = [images.resize(images.decode(parsed[f"{prefix}/encoded"], channels), size,
-                                cfg.dataset.get("resize", "resize"), cfg.dataset.get("crop_fraction"))
+        pixels = [images.decode_and_resize(parsed[f"{prefix}/encoded"], channels, size,
+                                           cfg.dataset.get("resize", "resize"), cfg.dataset.get("crop_fraction"))
                   for prefix in prefixes]
         return element(pixels, tf.reshape(parsed[key], label_spec.shape))
 

@@ -5,6 +5,7 @@ optimizer, checkpoint restore, then the mode (train and evaluate, train,
 evaluate or predict).
 """
 import logging
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from tqdm import tqdm
 
 from data import caching, images
 from data.errors import ConfigError
-from data.input_fn import dataset_module, input_fn, load_tables, path_columns
+from data.input_fn import dataset_module, input_fn, load_tables, path_columns, workers
 from data.skipped import SkipLog
 from experiments import metrics, strategies
 from experiments.summaries import Summaries, write_metrics
@@ -63,6 +64,10 @@ def run(cfg):
     module = dataset_module(cfg)
     spec = module.SPEC
     check_config(cfg, spec)
+    worker_count, worker = workers()
+    if worker_count > 1 and cfg.strategy.name != "multi_worker":
+        raise ConfigError(f"TF_CONFIG names {worker_count} workers but strategy={cfg.strategy.name}; "
+                          f"use strategy=multi_worker (or unset TF_CONFIG)")
     strategy = strategies.make_strategy(cfg.strategy)
     if cfg.pipeline.batch_size % strategy.num_replicas_in_sync:
         raise ConfigError(f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across "
@@ -72,14 +77,16 @@ def run(cfg):
     # Input pipeline: index once, in Python; everything per example happens in tf.data.
     skipped = SkipLog()
     tables = load_tables(cfg, skipped)
-    skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
+    # Under multi_worker only the chief writes the run directory's files; the others would clash.
+    chief = strategies.is_chief(strategy)
+    if chief:
+        skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
 
     # Model, optimizer and global step.
     trainer = Trainer(cfg, spec, strategy, images.configured_size(cfg))
-    chief = strategies.is_chief(strategy)
     summaries = Summaries(str(model_dir), enabled=chief)
     summaries.hparams(cfg, metrics.headline(spec.task))
-    estimator = Estimator(cfg, spec, module, trainer, summaries, model_dir, tables)
+    estimator = Estimator(cfg, spec, module, trainer, summaries, model_dir, tables, worker=None if chief else worker)
     if cfg.mode == "predict":
         estimator.predict()
     elif cfg.mode == "evaluate":
@@ -91,25 +98,38 @@ def run(cfg):
 class Estimator:
     """Trains to a step budget, evaluates on an interval, checkpoints and resumes."""
 
-    def __init__(self, cfg, spec, module, trainer, summaries, model_dir, tables):
+    def __init__(self, cfg, spec, module, trainer, summaries, model_dir, tables, worker=None):
+        """`worker`: None on the chief; a non-chief worker's index, whose files go to a scratch folder."""
         self.cfg, self.spec, self.module, self.trainer = cfg, spec, module, trainer
         self.summaries, self.model_dir, self.tables = summaries, model_dir, tables
+        self.chief = worker is None
+        # Every worker takes part in saving (the variables are synchronised), but only the chief's
+        # copy is kept; the others save into a scratch folder and delete it.
+        self.save_dir = model_dir / ("checkpoints" if self.chief else f".worker-{worker}-checkpoints")
         self.eval_split = "validation"
         self.eval_data = input_fn(cfg, tables[self.eval_split], training=False, split=self.eval_split,
                                   model_dir=model_dir)
 
     def _manager(self, checkpoint):
-        return tf.train.CheckpointManager(checkpoint, str(self.model_dir / "checkpoints"),
-                                          max_to_keep=self.cfg.trainer.keep_checkpoints,
+        return tf.train.CheckpointManager(checkpoint, str(self.save_dir), max_to_keep=self.cfg.trainer.keep_checkpoints,
                                           step_counter=self.trainer.global_step)
 
+    def _save(self, manager, step):
+        manager.save(checkpoint_number=step)
+        if not self.chief:
+            shutil.rmtree(self.save_dir, ignore_errors=True)
+
+    def _latest_checkpoint(self):
+        """The newest checkpoint in the run directory (the chief's, for every worker); None when none."""
+        return tf.train.latest_checkpoint(str(self.model_dir / "checkpoints"))
+
     def _restore_model(self):
-        manager = self._manager(self.trainer.checkpoint())
-        if manager.latest_checkpoint is None:
+        latest = self._latest_checkpoint()
+        if latest is None:
             raise ConfigError(f"mode={self.cfg.mode} needs a checkpoint in {self.model_dir / 'checkpoints'}; "
                               f"train into that run directory first (hydra.run.dir=...)")
-        self.trainer.checkpoint().restore(manager.latest_checkpoint).expect_partial()
-        log.info("Restored %s (global step %d)", manager.latest_checkpoint, self.trainer.step)
+        self.trainer.checkpoint().restore(latest).expect_partial()
+        log.info("Restored %s (global step %d)", latest, self.trainer.step)
 
     def train(self, evaluate=True):
         cfg, trainer = self.cfg, self.trainer
@@ -119,12 +139,18 @@ class Estimator:
         if cfg.trainer.checkpoint_input and not save_input:
             log.info("pipeline.cache=%s: checkpoints leave out the input iterator (see data/caching.py); a resumed "
                      "run starts its input stream over", cfg.pipeline.cache)
+        elif save_input and workers()[0] > 1:
+            # The chief's checkpoint would hand its own input position and shuffle buffer to every worker.
+            save_input = False
+            log.info("strategy=multi_worker: checkpoints leave out the workers' input iterators; a resumed run "
+                     "starts each worker's input stream over")
         checkpoint = trainer.checkpoint(iterator if save_input else None)
         manager = self._manager(checkpoint)
         # Resume policy: 1. the run directory's latest checkpoint; 2. otherwise start from scratch.
-        if manager.latest_checkpoint:
-            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-            log.info("Resumed from %s at global step %d", manager.latest_checkpoint, trainer.step)
+        latest = self._latest_checkpoint()
+        if latest:
+            checkpoint.restore(latest).assert_existing_objects_matched()
+            log.info("Resumed from %s at global step %d", latest, trainer.step)
         step = trainer.step
         target = cfg.trainer.train_steps
         if step >= target:
@@ -143,7 +169,7 @@ class Estimator:
                 step = trainer.step
                 if not np.isfinite(loss):
                     raise NonFiniteLossError(f"training loss is {loss} at global step {step}; stopping "
-                                             f"(last good checkpoint: {manager.latest_checkpoint})")
+                                             f"(last good checkpoint: {self._latest_checkpoint()})")
                 window["loss"].append(loss)
                 window["wait"].append(fetched - started)
                 window["time"].append(finished - started)
@@ -155,13 +181,13 @@ class Estimator:
                 if step % cfg.trainer.log_every == 0 or step == target:
                     self._log_train(window, step)
                 if step % cfg.trainer.checkpoint_every == 0 or step == target:
-                    manager.save(checkpoint_number=step)
+                    self._save(manager, step)
                 if evaluate and step % cfg.trainer.eval_every == 0 and step < target:
                     self.evaluate()
         except KeyboardInterrupt:
             # Nothing is lost on Ctrl-C or SIGTERM: the step reached so far is saved.
             if step > 0:
-                manager.save(checkpoint_number=step)
+                self._save(manager, step)
                 log.warning("Interrupted at global step %d; saved a checkpoint to resume from", step)
             raise
         finally:
@@ -209,7 +235,8 @@ class Estimator:
         if hasattr(self.module, "protocol_metrics") and count == len(table):
             values.update(self.module.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
         self.summaries.scalars("validation", values, step)
-        write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
+        if self.chief:
+            write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
         headline = metrics.headline(self.spec.task)
         log.info("Evaluation at global step %d on %d examples: loss %.4f, %s %.4f", step, count, values["loss"],
                  headline, values.get(headline, float("nan")))
@@ -226,6 +253,8 @@ class Estimator:
         paths = table[path_columns(table)]
         predictions = pd.concat([paths.reset_index(drop=True),
                                  pd.DataFrame(scores, columns=list(self.spec.class_names))], axis=1)
+        if not self.chief:
+            return
         predictions.to_csv(self.model_dir / "predictions.csv", index=False)
         log.info("Wrote %d predictions for the %s split to %s", len(predictions), split,
                  self.model_dir / "predictions.csv")

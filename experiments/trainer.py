@@ -4,6 +4,7 @@ import logging
 import keras
 import tensorflow as tf
 
+from data.preprocessing import Preprocessing
 from experiments import metrics
 from models import BUILDERS
 
@@ -17,15 +18,17 @@ class NonFiniteLossError(RuntimeError):
 class Trainer:
     """Owns what a checkpoint holds and the two step functions, each traced once.
 
-    Batches arrive as plain global batches and are split evenly across replicas
-    inside the step, so the input iterator stays a plain, checkpointable
-    iterator under every strategy.
+    Batches arrive as plain global batches of uint8 images and are split evenly
+    across replicas inside the step, so the input iterator stays a plain,
+    checkpointable iterator under every strategy. Each replica then augments and
+    normalises its share on its own device (data/preprocessing.py).
     """
 
     def __init__(self, cfg, spec, strategy, image_size):
         self.spec, self.strategy = spec, strategy
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch_size = cfg.pipeline.batch_size
+        self.preprocess = Preprocessing(cfg)
         with strategy.scope():
             self.model = BUILDERS[cfg.model.name](cfg.model, spec, image_size)
             self.optimizer = keras.optimizers.Adam(cfg.trainer.learning_rate)
@@ -40,15 +43,25 @@ class Trainer:
     def _per_replica(self, batch):
         if self.replicas == 1:
             return batch
+        share = self.global_batch_size // self.replicas
+
+        def split(context, tensor):
+            # A training batch under multi_worker is the worker's share, split across its own replicas
+            # (replica ids run worker by worker); any other batch is global, split across all of them.
+            parts = tensor.shape[0] // share
+            return tf.split(tensor, parts)[context.replica_id_in_sync_group % parts]
+
         return self.strategy.experimental_distribute_values_from_function(
-            lambda context: tf.nest.map_structure(
-                lambda t: tf.split(t, self.replicas)[context.replica_id_in_sync_group], batch))
+            lambda context: tf.nest.map_structure(lambda tensor: split(context, tensor), batch))
 
     def _gather(self, value):
         return self.strategy.gather(value, axis=0) if self.replicas > 1 else value
 
     def _train_step(self, features, labels, weights):
+        step = self.global_step.read_value()
+
         def replica_step(features, labels, weights):
+            features = self.preprocess(features, training=True, step=step)
             with tf.GradientTape() as tape:
                 logits = self.model(features, training=True)
                 # Divide by the global batch, not the replica's: the all-reduce sums the replicas' gradients.
@@ -67,7 +80,7 @@ class Trainer:
 
     def _eval_step(self, features, labels, weights):
         def replica_step(features, labels, weights):
-            logits = self.model(features, training=False)
+            logits = self.model(self.preprocess(features, training=False), training=False)
             loss = tf.reduce_sum(metrics.per_example_loss(self.spec.task, labels, logits) * weights)
             return loss, tf.cast(logits, tf.float32)
 

@@ -39,8 +39,8 @@ def compose(*overrides):
     return cfg
 
 
-def run_cli(*args, timeout=900, **kwargs):
-    """Runs `python run.py args...` as a user would; returns the CompletedProcess."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def run_cli(*args, timeout=900, env=None, **kwargs):
+    """Runs `python run.py args...` as a user would; returns the CompletedProcess. `env` adds variables."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     return subprocess.run([sys.executable, "run.py", *args], cwd=PROJECT, capture_output=True, text=True,
                           timeout=timeout, env=env, **kwargs)

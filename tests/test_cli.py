@@ -129,3 +129,57 @@ def test_multirun_sweep_writes_one_run_per_value(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     for job in ("0", "1"):
         assert json.loads((tmp_path / job / "metrics.json").read_text())["global_step"] == 2
+
+
+def free_ports(count):
+    import socket
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def run_two_workers(*args):
+    """`python run.py args...` as both workers of a localhost cluster; returns their (stdout, stderr)."""
+    import os
+    cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
+    workers = [subprocess.Popen([sys.executable, "run.py", *args], cwd=PROJECT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                                         TF_CONFIG=json.dumps({"cluster": cluster,
+                                                               "task": {"type": "worker", "index": index}})))
+               for index in range(2)]
+    outputs = [worker.communicate(timeout=600) for worker in workers]
+    for worker, (out, err) in zip(workers, outputs):
+        assert worker.returncode == 0, err[-3000:]
+        assert "with 2 replica(s)" in out, out[-3000:]
+    return outputs
+
+
+@pytest.mark.slow
+def test_multi_worker_strategy_with_two_local_workers(tmp_path):
+    """One TF_CONFIG cluster of two processes: each reads its half of the split, the chief alone keeps
+    the run directory's files, and a second launch resumes from the chief's checkpoint."""
+    args = [*TINY, "strategy=multi_worker", "trainer.eval_every=4", "trainer.checkpoint_every=2",
+            f"hydra.run.dir={tmp_path}"]
+    outputs = run_two_workers(*args, "trainer.train_steps=4")
+    for index, (out, _) in enumerate(outputs):
+        assert f"Worker {index} of 2: its 1/2 of the train split, 4 examples of every global batch of 8" in out
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 4
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("ckpt-*.index")) == ["ckpt-2.index", "ckpt-4.index"]
+    assert not list(tmp_path.glob(".worker-*"))  # the other worker's scratch checkpoints are gone
+
+    for out, _ in run_two_workers(*args, "trainer.train_steps=6"):
+        assert "ckpt-4 at global step 4" in out
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 6
+
+
+def test_tf_config_with_several_workers_needs_the_multi_worker_strategy(tmp_path):
+    config = {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 0}}
+    result = run_cli(*TINY, f"hydra.run.dir={tmp_path}", env={"TF_CONFIG": json.dumps(config)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "config error: TF_CONFIG names 2 workers but strategy=auto; use strategy=multi_worker (or unset TF_CONFIG)")

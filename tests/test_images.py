@@ -1,0 +1,58 @@
+"""Windowed JPEG decoding keeps exactly the pixels that decoding the whole file and cropping keeps."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from data import images
+from data.samples import imagenet_det as det_sample
+from tests.conftest import REAL
+
+SETTINGS = [  # (channels, (height, width), method, crop_fraction)
+    (3, (224, 224), "crop_or_pad", None),  # crops both sides of an ILSVRC image
+    (3, (415, 482), "crop_or_pad", None),  # the DET default: crops a little, pads the rest
+    (3, (48, 48), "resize", 0.5),  # the LFW default: a central quarter, shrunk
+    (3, (224, 224), "resize", 0.5),  # a central quarter, enlarged
+    (1, (100, 120), "crop_or_pad", None),
+    (3, (37, 53), "crop_or_pad", 0.7),
+    (1, (64, 64), "resize", None),  # no crop: the whole-file decode
+]
+
+
+def whole_decode_then_crop(contents, channels, size, method, crop_fraction):
+    """What the pipeline did before windowed decoding: tf.image's own crops on the full decode."""
+    image = images.decode(contents, channels)
+    if crop_fraction:
+        image = tf.image.central_crop(image, crop_fraction)
+    if method == "crop_or_pad":
+        return tf.image.resize_with_crop_or_pad(image, *size)
+    shrinking = image.shape[0] > size[0] or image.shape[1] > size[1]
+    resized = tf.image.resize(image, size, antialias=shrinking)
+    return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Real LFW JPEGs and NIH PNGs, and the DET sample's odd files: grayscale, CMYK, PNG named .JPEG."""
+    if not REAL.exists():
+        pytest.skip(f"real fixtures not found at {REAL}")
+    root = tmp_path_factory.mktemp("det")
+    det_sample.make_sample(root, seed=0)
+    det = sorted((root / "ILSVRC" / "Data" / "DET").rglob("*.JPEG"))
+    modes = {}
+    for path in det:
+        with Image.open(path) as image:
+            modes.setdefault((image.format, image.mode), path)
+    assert {("JPEG", "L"), ("JPEG", "CMYK"), ("PNG", "RGB")} <= set(modes), modes
+    return (sorted((REAL / "lfw").glob("*.jpg")) + sorted((REAL / "nih" / "images").glob("*.png"))[:2] +
+            list(modes.values()) + det[:40])
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=str)
+def test_windowed_decode_equals_whole_decode_and_crop(files, setting):
+    for path in files:
+        contents = tf.io.read_file(str(path))
+        got = images.decode_and_resize(contents, *setting).numpy()
+        expected = whole_decode_then_crop(contents, *setting).numpy()
+        assert got.shape == expected.shape == (*setting[1], setting[0])
+        np.testing.assert_array_equal(got, expected, err_msg=str(path))

@@ -18,9 +18,10 @@ class NonFiniteLossError(RuntimeError):
 class Trainer:
     """Owns what a checkpoint holds and the two step functions, each traced once.
 
-    Batches arrive as plain global batches of uint8 images and are split evenly
-    across replicas inside the step, so the input iterator stays a plain,
-    checkpointable iterator under every strategy. Each replica then augments and
+    Batches of uint8 images arrive whole (global batches; under multi_worker a
+    training batch is the worker's share) and are split evenly across replicas
+    inside the step, so the input iterator stays a plain, checkpointable
+    iterator under every strategy. Each replica then augments and
     normalises its share on its own device (data/preprocessing.py).
     """
 

@@ -69,7 +69,7 @@ import tensorflow as tf  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from data import images  # noqa: E402
-from data.input_fn import dataset_module, input_fn, load_tables, records  # noqa: E402
+from data.input_fn import dataset_module, input_fn, load_tables, path_columns, records  # noqa: E402
 from data.skipped import SkipLog  # noqa: E402
 
 log = logging.getLogger("benchmarks.pipeline")
@@ -115,8 +115,7 @@ class Bench:
         self.cfg = compose_cfg(name, batch_size, image_size)
         self.module = dataset_module(self.cfg)
         self.spec = self.module.SPEC
-        self.tables = load_tables(self.cfg, SkipLog())
-        self.table = self.tables["train"]
+        self.table = load_tables(self.cfg, SkipLog())["train"]
         self.sampled = hasattr(self.module, "train_records")
         self.per_example = 2 if self.spec.paired else 1
         self.size = images.configured_size(self.cfg)
@@ -127,7 +126,7 @@ class Bench:
             self.people = [list(paths) for _, paths in groups]
             self.with_two = [k for k, paths in enumerate(self.people) if len(paths) >= 2]
         else:
-            columns = [c for c in self.table.columns if c.startswith("path")]
+            columns = path_columns(self.table)
             self.rows = list(zip(*(self.table[c] for c in columns)))
             self.labels = [np.asarray(label, np.float32) for label in self.table.label]
             self.order = np.random.default_rng(SEED).permutation(len(self.rows))
@@ -572,9 +571,6 @@ def build_sources(bench, only, notes):
     for key, encoding in (("d", "encoded"), ("e", "raw")):
         if not wanted(key):
             continue
-        if not (ROOT / "data" / "tfrecords.py").exists():
-            notes[key] = "skipped: no data/tfrecords.py"
-            continue
         if bench.sampled:
             notes[key] = "n/a: training pairs are drawn from image files (no train shards; input_fn reads files)"
             continue
@@ -684,7 +680,7 @@ def report_dataset(bench, sources, notes, repeats):
     by_key = {source.key: source for source in sources}
     rate = {key: median(source) for key, source in by_key.items()}
     c = rate.get("c")
-    column = next(column for column in bench.table.columns if column.startswith("path"))
+    column = path_columns(bench.table)[0]
     with Image.open(bench.table[column].iloc[0]) as image:
         example_image = f"{image.width}x{image.height} {image.format}"
     height, width = bench.size

@@ -135,5 +135,5 @@ def index(root, cfg, skipped) -> dict:
 
 def load(record, cfg):
     """Reads one X-ray as a single-channel uint8 image (RGBA files included) and its multi-hot label."""
-    image = images.read_and_resize(record["path"], SPEC.channels, images.configured_size(cfg), cfg.dataset.resize)
+    image = images.decode_configured(tf.io.read_file(record["path"]), SPEC.channels, cfg)
     return image, tf.cast(record["label"], tf.float32)

@@ -206,10 +206,10 @@ def index(root, cfg, skipped) -> dict:
         if table.empty:
             raise DatasetError(f"no usable images in {ilsvrc / 'Data' / 'DET' / SPLIT_FOLDERS[split]}")
     skipped.extend(cached["skipped"])
-    return {split: table.copy() for split, table in cached["tables"].items()}
+    return cached["tables"]
 
 
 def load(record, cfg):
     """Reads one image as RGB uint8 (grayscale, CMYK and PNG-named-JPEG included) and its class index."""
-    image = images.read_and_resize(record["path"], SPEC.channels, images.configured_size(cfg), cfg.dataset.resize)
+    image = images.decode_configured(tf.io.read_file(record["path"]), SPEC.channels, cfg)
     return image, tf.cast(record["label"], tf.int32)

@@ -114,6 +114,14 @@ def read_and_resize(path, channels, size, method="resize", crop_fraction=None):
     return decode_and_resize(tf.io.read_file(path), channels, size, method, crop_fraction)
 
 
+def decode_configured(contents, channels, cfg):
+    """`decode_and_resize` with the run's settings: pipeline.image_size, dataset.resize and
+    dataset.crop_fraction. Every dataset's `load` and the TFRecord reader decode through this one
+    call, so an image file and its stored bytes give the same pixels."""
+    return decode_and_resize(contents, channels, configured_size(cfg), cfg.dataset.get("resize", "resize"),
+                             cfg.dataset.get("crop_fraction"))
+
+
 def configured_size(cfg):
     """`pipeline.image_size` as (height, width); an int means a square."""
     size = cfg.pipeline.image_size

@@ -204,10 +204,8 @@ def train_records(table, cfg, seed) -> tf.data.Dataset:
 
 def load(record, cfg):
     """Reads both faces as RGB uint8 (grayscale JPEGs too), centre-cropped and resized, and the label."""
-    size, crop = images.configured_size(cfg), cfg.dataset.crop_fraction
-
     def read(path):
-        return images.read_and_resize(path, SPEC.channels, size, cfg.dataset.resize, crop)
+        return images.decode_configured(tf.io.read_file(path), SPEC.channels, cfg)
 
     return (read(record["path_a"]), read(record["path_b"])), tf.reshape(tf.cast(record["label"], tf.float32), [1])
 

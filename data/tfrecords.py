@@ -471,15 +471,13 @@ def read(cfg, split, training, seed, table=None) -> tf.data.Dataset:
 
         return data.batch(PARSE_BATCH).map(parse, num_parallel_calls=AUTOTUNE).unbatch()
 
-    size, channels = images.configured_size(cfg), module.SPEC.channels
+    channels = module.SPEC.channels
 
     def parse_and_decode(serialized):
         # Per record: the decode dwarfs the parse, and batches of encoded images would only fill buffers
         # (and input checkpoints) with bytes. The decode and resize are the module's load's, on stored bytes.
         parsed = tf.io.parse_single_example(serialized, parse_spec)
-        pixels = [images.decode_and_resize(parsed[f"{prefix}/encoded"], channels, size,
-                                           cfg.dataset.get("resize", "resize"), cfg.dataset.get("crop_fraction"))
-                  for prefix in prefixes]
+        pixels = [images.decode_configured(parsed[f"{prefix}/encoded"], channels, cfg) for prefix in prefixes]
         return element(pixels, tf.reshape(parsed[key], label_spec.shape))
 
     return data.map(parse_and_decode, num_parallel_calls=AUTOTUNE)

@@ -105,7 +105,8 @@ class Estimator:
         self.chief = worker is None
         # Every worker takes part in saving (the variables are synchronised), but only the chief's
         # copy is kept; the others save into a scratch folder and delete it.
-        self.save_dir = model_dir / ("checkpoints" if self.chief else f".worker-{worker}-checkpoints")
+        self.checkpoint_dir = model_dir / "checkpoints"
+        self.save_dir = self.checkpoint_dir if self.chief else model_dir / f".worker-{worker}-checkpoints"
         self.eval_split = "validation"
         self.eval_data = input_fn(cfg, tables[self.eval_split], training=False, split=self.eval_split,
                                   model_dir=model_dir)
@@ -121,12 +122,12 @@ class Estimator:
 
     def _latest_checkpoint(self):
         """The newest checkpoint in the run directory (the chief's, for every worker); None when none."""
-        return tf.train.latest_checkpoint(str(self.model_dir / "checkpoints"))
+        return tf.train.latest_checkpoint(str(self.checkpoint_dir))
 
     def _restore_model(self):
         latest = self._latest_checkpoint()
         if latest is None:
-            raise ConfigError(f"mode={self.cfg.mode} needs a checkpoint in {self.model_dir / 'checkpoints'}; "
+            raise ConfigError(f"mode={self.cfg.mode} needs a checkpoint in {self.checkpoint_dir}; "
                               f"train into that run directory first (hydra.run.dir=...)")
         self.trainer.checkpoint().restore(latest).expect_partial()
         log.info("Restored %s (global step %d)", latest, self.trainer.step)
@@ -248,13 +249,13 @@ class Estimator:
         split = "test" if "test" in self.tables else self.eval_split
         table = self.tables[split]
         data = input_fn(self.cfg, table, training=False, split=split, model_dir=self.model_dir)
-        logits, _, _ = self._outputs(data)
+        logits, _, _ = self._outputs(data)  # every worker takes part: the steps are collective
+        if not self.chief:
+            return
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
         paths = table[path_columns(table)]
         predictions = pd.concat([paths.reset_index(drop=True),
                                  pd.DataFrame(scores, columns=list(self.spec.class_names))], axis=1)
-        if not self.chief:
-            return
         predictions.to_csv(self.model_dir / "predictions.csv", index=False)
         log.info("Wrote %d predictions for the %s split to %s", len(predictions), split,
                  self.model_dir / "predictions.csv")

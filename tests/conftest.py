@@ -39,6 +39,14 @@ def compose(*overrides):
     return cfg
 
 
+def event_tags(logdir):
+    """A run's TensorBoard events read back with TensorBoard's own reader: (accumulator, tags)."""
+    from tensorboard.backend.event_processing import event_accumulator
+    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0})
+    accumulator.Reload()
+    return accumulator, set(accumulator.Tags()["tensors"]) | set(accumulator.Tags()["scalars"])
+
+
 def run_cli(*args, timeout=900, env=None, **kwargs):
     """Runs `python run.py args...` as a user would; returns the CompletedProcess. `env` adds variables."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))

@@ -8,17 +8,10 @@ import time
 
 import pytest
 
-from tests.conftest import PROJECT, run_cli
+from tests.conftest import PROJECT, event_tags, run_cli
 
 TINY = ("dataset=chest_xray", "model=resnet_v2_50", "pipeline.image_size=32", "pipeline.batch_size=8",
         "trainer.eval_every=3", "trainer.checkpoint_every=3", "trainer.log_every=1", "trainer.eval_steps=null")
-
-
-def event_tags(logdir):
-    from tensorboard.backend.event_processing import event_accumulator
-    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0})
-    accumulator.Reload()
-    return accumulator, set(accumulator.Tags()["tensors"]) | set(accumulator.Tags()["scalars"])
 
 
 @pytest.fixture(scope="module")

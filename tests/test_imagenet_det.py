@@ -15,7 +15,7 @@ from data.samples import imagenet_det as sample
 from data.errors import ConfigError
 from data.skipped import SkipLog
 from experiments.runner import check_config
-from tests.conftest import REAL, compose, run_cli
+from tests.conftest import REAL, compose, event_tags, run_cli
 
 REAL_MAP_DET = REAL / "ilsvrc_det" / "map_det.txt"
 AIRPLANE, APPLE = "n02691156", "n07739125"  # DET synsets 2 and 5 in devkit order
@@ -347,17 +347,10 @@ def test_config_defaults():
         check_config(compose("dataset=imagenet_det", "model=siamese_cnn"), imagenet_det.SPEC)
 
 
-def scalar_tags(logdir):
-    from tensorboard.backend.event_processing import event_accumulator
-    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0})
-    accumulator.Reload()
-    return set(accumulator.Tags()["tensors"]) | set(accumulator.Tags()["scalars"])
-
-
 def assert_run_dir(run_dir, global_step):
     assert list((run_dir / "checkpoints").glob(f"ckpt-{global_step}.index"))
-    assert {"loss", "input_wait_fraction"} <= scalar_tags(run_dir / "train")
-    assert {"loss", "accuracy", "top5_accuracy"} <= scalar_tags(run_dir / "validation")
+    assert {"loss", "input_wait_fraction"} <= event_tags(run_dir / "train")[1]
+    assert {"loss", "accuracy", "top5_accuracy"} <= event_tags(run_dir / "validation")[1]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["global_step"] == global_step
     skipped = (run_dir / "skipped.csv").read_text()

@@ -70,7 +70,7 @@ def test_pairs_are_augmented_independently():
 REPLICAS = """
 import numpy as np, tensorflow as tf
 from experiments import strategies
-from tests.conftest import PROJECT, compose
+from tests.conftest import compose
 strategy = strategies.make_strategy(compose("strategy=mirrored").strategy)  # two logical CPUs
 from data.preprocessing import Preprocessing
 preprocess = Preprocessing(compose("dataset=imagenet_det"))

@@ -1,42 +1,27 @@
-"""Datasets: one module per dataset, all with the same small interface.
+"""Datasets: one Task subclass per dataset (data/task.py), and the input pipeline that reads them.
 
-A dataset module (``data/<name>.py``) exposes:
-
-``SPEC``
-    A :class:`data.spec.DatasetSpec`: task (``multilabel``, ``binary`` or
-    ``multiclass``), class names, image channels and whether an example is an
-    image pair.
-``index(root, cfg, skipped) -> dict[str, pandas.DataFrame]``
-    Runs once, in Python: lists and parses the metadata under ``root`` into one
-    table per split (``train``, ``validation`` and, where the data has one,
-    ``test``). Image path columns are named ``path`` (or ``path_a``/``path_b``
-    for pairs) and hold absolute paths; the label column is ``label`` (an int,
-    or a list of ints for multi-hot). Rows that cannot be used are reported
-    with ``skipped.add(path, reason)`` and left out. Bad metadata that a user
-    must fix raises :class:`data.errors.DatasetError`.
-``load(record, cfg) -> (features, label)``
-    A graph function (no Python per example) from one table record (a dict of
-    scalar tensors, one per column) to uint8 image(s) resized to
-    ``cfg.pipeline.image_size``, and the label. Its output is what the
-    pipeline caches.
-``make_sample(root, seed)``
-    Writes the embedded sample into ``root`` in the exact real layout.
-
-Optional:
-
-``train_records(table, cfg, seed) -> tf.data.Dataset``
-    An endless stream of training records sampled in the graph (LFW draws
-    fresh pairs each epoch); when absent the table's rows are shuffled and
-    repeated.
-``protocol_metrics(table, scores) -> dict``
-    Extra evaluation numbers that the dataset's official protocol defines.
+Adding a dataset: write ``data/<name>.py`` with a Task subclass, add it to TASKS
+below, and add ``conf/dataset/<name>.yaml``; README's "Adding a dataset" has the steps.
 """
-from data import chest_xray
-from data import imagenet_det
-from data import lfw_pairs
+from data.chest_xray import ChestXray
+from data.errors import ConfigError
+from data.imagenet_det import ImagenetDet
+from data.images import Decode, image_size
+from data.lfw_pairs import LfwPairs
+from data.task import Task
 
-DATASETS = {
-    "chest_xray": chest_xray,
-    "imagenet_det": imagenet_det,
-    "lfw_pairs": lfw_pairs,
+TASKS = {
+    "chest_xray": ChestXray,
+    "imagenet_det": ImagenetDet,
+    "lfw_pairs": LfwPairs,
 }
+
+
+def task_from_config(cfg) -> Task:
+    """The Task named by `dataset.name`, with its decode settings and options read from the config once."""
+    name = cfg.dataset.name
+    if name not in TASKS:
+        raise ConfigError(f"dataset={name} is unknown; choose one of {', '.join(TASKS)}")
+    task_class = TASKS[name]
+    decode = Decode(image_size(cfg.pipeline.image_size), cfg.dataset.resize, cfg.dataset.crop_fraction)
+    return task_class(decode, int(cfg.seed), **{key: cfg.dataset[key] for key in task_class.OPTIONS})

@@ -16,10 +16,10 @@ import pandas as pd
 import tensorflow as tf
 from sklearn.model_selection import GroupShuffleSplit
 
-from data import images
 from data.errors import DatasetError
-from data.samples.chest_xray import make_sample  # noqa: F401  (part of the module interface)
+from data.samples.chest_xray import make_sample
 from data.spec import DatasetSpec
+from data.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -110,30 +110,36 @@ def split(table: pd.DataFrame, root: Path, validation_fraction: float, seed: int
     return {name: part.reset_index(drop=True) for name, part in splits.items()}
 
 
-def index(root, cfg, skipped) -> dict:
-    """Tables of (path, label) per split; rows whose image file is absent are skipped."""
-    root = Path(root)
-    csv_path = find_metadata(root)
-    table = read_metadata(csv_path)
-    files = {}
-    for directory, _, names in os.walk(root):
-        for name in names:
-            if name.endswith(".png"):
-                files.setdefault(name, os.path.join(directory, name))
-    table["path"] = table.image.map(files)
-    missing = table.path.isna()
-    for image in table.image[missing]:
-        skipped.add(image, "missing image file")
-    if missing.any():
-        log.warning("%d of %d rows in %s have no image file under %s", missing.sum(), len(table), csv_path.name,
-                    root)
-    table = table[~missing]
-    if table.empty:
-        raise DatasetError(f"none of the images listed in {csv_path} are under {root}")
-    return split(table, root, cfg.dataset.validation_fraction, cfg.seed)
+class ChestXray(Task):
+    """NIH ChestX-ray14 as a 14-label multi-label task; options: ``validation_fraction``."""
 
+    SPEC = SPEC
+    DEFAULT_MODEL = "resnet_v2_152"
+    OPTIONS = ("validation_fraction",)
+    make_sample = staticmethod(make_sample)
 
-def load(record, cfg):
-    """Reads one X-ray as a single-channel uint8 image (RGBA files included) and its multi-hot label."""
-    image = images.decode_configured(tf.io.read_file(record["path"]), SPEC.channels, cfg)
-    return image, tf.cast(record["label"], tf.float32)
+    def index(self, root, skipped) -> dict:
+        """Tables of (path, label) per split; rows whose image file is absent are skipped."""
+        root = Path(root)
+        csv_path = find_metadata(root)
+        table = read_metadata(csv_path)
+        files = {}
+        for directory, _, names in os.walk(root):
+            for name in names:
+                if name.endswith(".png"):
+                    files.setdefault(name, os.path.join(directory, name))
+        table["path"] = table.image.map(files)
+        missing = table.path.isna()
+        for image in table.image[missing]:
+            skipped.add(image, "missing image file")
+        if missing.any():
+            log.warning("%d of %d rows in %s have no image file under %s", missing.sum(), len(table), csv_path.name,
+                        root)
+        table = table[~missing]
+        if table.empty:
+            raise DatasetError(f"none of the images listed in {csv_path} are under {root}")
+        return split(table, root, self.options["validation_fraction"], self.seed)
+
+    def load(self, record):
+        """Reads one X-ray as a single-channel uint8 image (RGBA files included) and its multi-hot label."""
+        return self.read_image(record["path"]), tf.cast(record["label"], tf.float32)

@@ -23,11 +23,11 @@ import pandas as pd
 import tensorflow as tf
 from tqdm import tqdm
 
-from data import images
 from data.errors import DatasetError
 from data.samples import cache_home
-from data.samples.imagenet_det import make_sample  # noqa: F401  (part of the module interface)
+from data.samples.imagenet_det import make_sample
 from data.spec import DatasetSpec
+from data.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -179,37 +179,42 @@ def _write_atomically(path: Path, content) -> None:
     os.replace(temporary, path)
 
 
-def index(root, cfg, skipped) -> dict:
-    """Tables of (path, label) for ``train`` (Data/DET/train) and ``validation`` (Data/DET/val).
+class ImagenetDet(Task):
+    """ILSVRC DET as the class of each image's largest object, or background; no options."""
 
-    Malformed XMLs are listed in `skipped` and their images left out; that list is
-    cached with the tables, so a reused index reports them too.
-    """
-    ilsvrc = _find_ilsvrc(root)
-    listings = {}
-    for split, folder in SPLIT_FOLDERS.items():
-        image_dir = ilsvrc / "Data" / "DET" / folder
-        if not image_dir.is_dir():
-            raise DatasetError(f"no {image_dir} folder; ImageNet DET needs Data/DET/train and Data/DET/val")
-        listings[split] = (_list_files(image_dir, IMAGE_SUFFIXES),
-                           _list_files(ilsvrc / "Annotations" / "DET" / folder, (".xml",)))
-    cache = _cache_file(ilsvrc, listings)
-    if cache.exists():
-        with open(cache, "rb") as f:
-            cached = pickle.load(f)
-        log.info("Reusing the ImageNet DET index in %s", cache)
-    else:
-        cached = _build_index(ilsvrc, listings)
-        _write_atomically(cache, cached)
-        log.info("Indexed ImageNet DET under %s into %s", ilsvrc, cache)
-    for split, table in cached["tables"].items():
-        if table.empty:
-            raise DatasetError(f"no usable images in {ilsvrc / 'Data' / 'DET' / SPLIT_FOLDERS[split]}")
-    skipped.extend(cached["skipped"])
-    return cached["tables"]
+    SPEC = SPEC
+    DEFAULT_MODEL = "semi_alexnet"
+    make_sample = staticmethod(make_sample)
 
+    def index(self, root, skipped) -> dict:
+        """Tables of (path, label) for ``train`` (Data/DET/train) and ``validation`` (Data/DET/val).
 
-def load(record, cfg):
-    """Reads one image as RGB uint8 (grayscale, CMYK and PNG-named-JPEG included) and its class index."""
-    image = images.decode_configured(tf.io.read_file(record["path"]), SPEC.channels, cfg)
-    return image, tf.cast(record["label"], tf.int32)
+        Malformed XMLs are listed in `skipped` and their images left out; that list is
+        cached with the tables, so a reused index reports them too.
+        """
+        ilsvrc = _find_ilsvrc(root)
+        listings = {}
+        for split, folder in SPLIT_FOLDERS.items():
+            image_dir = ilsvrc / "Data" / "DET" / folder
+            if not image_dir.is_dir():
+                raise DatasetError(f"no {image_dir} folder; ImageNet DET needs Data/DET/train and Data/DET/val")
+            listings[split] = (_list_files(image_dir, IMAGE_SUFFIXES),
+                               _list_files(ilsvrc / "Annotations" / "DET" / folder, (".xml",)))
+        cache = _cache_file(ilsvrc, listings)
+        if cache.exists():
+            with open(cache, "rb") as f:
+                cached = pickle.load(f)
+            log.info("Reusing the ImageNet DET index in %s", cache)
+        else:
+            cached = _build_index(ilsvrc, listings)
+            _write_atomically(cache, cached)
+            log.info("Indexed ImageNet DET under %s into %s", ilsvrc, cache)
+        for split, table in cached["tables"].items():
+            if table.empty:
+                raise DatasetError(f"no usable images in {ilsvrc / 'Data' / 'DET' / SPLIT_FOLDERS[split]}")
+        skipped.extend(cached["skipped"])
+        return cached["tables"]
+
+    def load(self, record):
+        """Reads one image as RGB uint8 (grayscale, CMYK and PNG-named-JPEG included) and its class index."""
+        return self.read_image(record["path"]), tf.cast(record["label"], tf.int32)

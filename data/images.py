@@ -1,4 +1,6 @@
 """Robust image decoding and resizing, as graph ops (no Python per image)."""
+from dataclasses import dataclass
+
 import tensorflow as tf
 
 _JPEG_MAGIC = b"\xff\xd8"
@@ -109,20 +111,32 @@ def decode_and_resize(contents, channels, size, method="resize", crop_fraction=N
     return image
 
 
-def read_and_resize(path, channels, size, method="resize", crop_fraction=None):
-    """Reads an image file and returns it decoded, cropped and resized to uint8 (see `decode_and_resize`)."""
-    return decode_and_resize(tf.io.read_file(path), channels, size, method, crop_fraction)
+@dataclass(frozen=True)
+class Decode:
+    """How a dataset's images become model inputs: what `decode_and_resize` needs, as plain values.
+
+    Plain values rather than the config: a `load` traced by tf.data must not reach into
+    OmegaConf, whose code AutoGraph would then convert (seconds per process).
+
+    Attributes:
+        size: (height, width) of the output.
+        method: ``resize`` or ``crop_or_pad`` (see `decode_and_resize`).
+        crop_fraction: the central fraction kept before resizing, or None.
+    """
+
+    size: tuple
+    method: str
+    crop_fraction: float = None
+
+    def __call__(self, contents, channels):
+        """Decodes, crops and resizes image bytes to uint8 [height, width, channels]."""
+        return decode_and_resize(contents, channels, self.size, self.method, self.crop_fraction)
+
+    def read(self, path, channels):
+        """Reads an image file and decodes it like `__call__`."""
+        return self(tf.io.read_file(path), channels)
 
 
-def decode_configured(contents, channels, cfg):
-    """`decode_and_resize` with the run's settings: pipeline.image_size, dataset.resize and
-    dataset.crop_fraction. Every dataset's `load` and the TFRecord reader decode through this one
-    call, so an image file and its stored bytes give the same pixels."""
-    return decode_and_resize(contents, channels, configured_size(cfg), cfg.dataset.get("resize", "resize"),
-                             cfg.dataset.get("crop_fraction"))
-
-
-def configured_size(cfg):
+def image_size(value) -> tuple:
     """`pipeline.image_size` as (height, width); an int means a square."""
-    size = cfg.pipeline.image_size
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))

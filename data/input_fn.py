@@ -1,4 +1,4 @@
-"""The input_fn factory: one tf.data pipeline shape for every dataset.
+"""The input_fn factory: one tf.data pipeline shape for every dataset and record source.
 
 Every element is ``(features, labels, weights)`` with a static batch dimension;
 features are uint8 images, which the traced steps augment and normalise on the
@@ -7,106 +7,54 @@ pads its last batch and gives the padding weight 0, so evaluation sees every
 example exactly once, train and validation share one ``element_spec``, and each
 step function is traced once.
 """
-import hashlib
-import json
 import logging
-import os
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import tensorflow as tf
-from tqdm import tqdm
 
-import data as datasets
-from data import caching, images
-from data.errors import ConfigError
-from data.samples import cache_home, sample_root
+from data import caching
+from data.sources import SampledRecords, TableRecords
+from data.tfrecords import TFRecordSettings
+from data.tfrecords.reader import TFRecordRecords
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
+_MB = 1_000_000
 
 
-def dataset_module(cfg):
-    """The dataset module named by `dataset.name`."""
-    name = cfg.dataset.name
-    if name not in datasets.DATASETS:
-        raise ConfigError(f"dataset={name} is unknown; choose one of {', '.join(datasets.DATASETS)}")
-    return datasets.DATASETS[name]
+@dataclass(frozen=True)
+class Pipeline:
+    """The settings input_fn reads, as plain values (``pipeline.*``, ``seed``, ``deterministic``).
 
+    Attributes:
+        batch_size: the global batch size; each of several input pipelines makes its share.
+        cache: ``none``, ``memory`` or ``disk``: decoded images cached before shuffling.
+        shuffle_buffer: records per shuffle buffer, or None to size it by `shuffle_mb`.
+        shuffle_mb: the memory a shuffle buffer may take, in MB.
+        seed: the shuffle and sampling seed.
+        deterministic: keep element order in training too (evaluation always keeps it).
+        tfrecord: where to read TFRecord shards, or None to read the dataset's own files.
+    """
 
-def dataset_root(cfg, module) -> Path:
-    """`dataset.root`, or the embedded sample when it is unset."""
-    if cfg.dataset.root is None:
-        return sample_root(cfg.dataset.name, module.make_sample)
-    root = Path(cfg.dataset.root).expanduser()
-    if not root.is_dir():
-        raise ConfigError(f"dataset.root={cfg.dataset.root} does not exist or is not a directory")
-    return root
+    batch_size: int
+    cache: str
+    shuffle_buffer: int
+    shuffle_mb: float
+    seed: int
+    deterministic: bool
+    tfrecord: TFRecordSettings = None
 
+    @classmethod
+    def from_config(cls, cfg) -> "Pipeline":
+        tfrecord = TFRecordSettings.from_config(cfg) if cfg.pipeline.source == "tfrecord" else None
+        return cls(int(cfg.pipeline.batch_size), cfg.pipeline.cache, cfg.pipeline.shuffle_buffer,
+                   float(cfg.pipeline.shuffle_mb), int(cfg.seed), bool(cfg.deterministic), tfrecord)
 
-def load_tables(cfg, skipped) -> dict:
-    """Indexes the dataset once, in Python, and drops rows whose images cannot be decoded."""
-    module = dataset_module(cfg)
-    tables = module.index(dataset_root(cfg, module), cfg, skipped)
-    if cfg.pipeline.verify_images:
-        paths = sorted({p for table in tables.values() for column in path_columns(table) for p in table[column]})
-        bad = undecodable(paths, module.SPEC.channels)
-        for path in sorted(bad):
-            skipped.add(path, "undecodable image")
-        tables = {name: table[~table[path_columns(table)].isin(bad).any(axis=1)].reset_index(drop=True)
-                  for name, table in tables.items()}
-    for name, table in tables.items():
-        log.info("%s split: %d examples", name, len(table))
-    return tables
-
-
-def workers() -> tuple:
-    """(number of training workers, this worker's index) from TF_CONFIG; (1, 0) without it."""
-    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    cluster, task = config.get("cluster", {}), config.get("task", {})
-    chiefs = len(cluster.get("chief", []))
-    count = chiefs + len(cluster.get("worker", []))
-    # MultiWorkerMirroredStrategy counts the chief as worker 0 when there is one.
-    index = int(task.get("index", 0)) + (chiefs if task.get("type") == "worker" else 0)
-    return max(count, 1), index
-
-
-def path_columns(table) -> list:
-    """The table's image path columns: ``path``, or ``path_a`` and ``path_b`` for pairs."""
-    return sorted(column for column in table.columns if column.startswith("path"))
-
-
-def undecodable(paths, channels) -> set:
-    """The paths among `paths` that do not decode, found once and cached by the files' sizes and mtimes."""
-    signature = hashlib.sha256()
-    for path in paths:
-        stat = os.stat(path)
-        signature.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    cached = cache_home() / "verified" / f"{signature.hexdigest()[:32]}-{channels}.json"
-    if cached.exists():
-        return set(json.loads(cached.read_text()))
-    # A decode error drops the element, so the indices that come out are the files that decode.
-    data = tf.data.Dataset.from_tensor_slices((np.arange(len(paths)), paths))
-    data = data.map(lambda i, path: (i, tf.shape(images.decode(tf.io.read_file(path), channels))[0]),
-                    num_parallel_calls=AUTOTUNE)
-    data = data.ignore_errors().batch(256)
-    decoded = set()
-    with tqdm(total=len(paths), desc="verifying images", unit="img", disable=len(paths) < 2000) as progress:
-        for indices, _ in data.as_numpy_iterator():
-            decoded.update(indices.tolist())
-            progress.update(len(indices))
-    bad = {path for i, path in enumerate(paths) if i not in decoded}
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(".tmp")
-    tmp.write_text(json.dumps(sorted(bad)))
-    os.replace(tmp, cached)
-    return bad
-
-
-def records(table) -> tf.data.Dataset:
-    """The cheap per-example records: image paths and labels, one tensor per column."""
-    columns = path_columns(table) + ["label"]
-    return tf.data.Dataset.from_tensor_slices({column: np.asarray(table[column].tolist()) for column in columns})
+    def buffer(self, count, element_bytes) -> int:
+        """A shuffle buffer for `count` elements of about `element_bytes` each: the whole split, up to shuffle_mb."""
+        budget = self.shuffle_buffer or int(self.shuffle_mb * _MB // max(element_bytes, 1))
+        return max(1, min(count, budget))
 
 
 def pad_batch(batch_size):
@@ -126,62 +74,60 @@ def pad_batch(batch_size):
     return pad
 
 
-def input_fn(cfg, table, training, split, model_dir=None, seed=None) -> tf.data.Dataset:
-    """Builds the pipeline for one split's table, in DESIGN's order.
+def record_source(task, table, split, training, tfrecord=None):
+    """The source of a split's records: sampled by the task when it draws its training records, else
+    TFRecord shards when `tfrecord` (data.tfrecords.TFRecordSettings) is given, else the table's rows."""
+    if training and task.DRAWS_TRAINING_RECORDS:
+        if tfrecord is not None:
+            log.info("%s draws its training examples from the image files afresh; shards serve its evaluation",
+                     task.SPEC.name)
+        return SampledRecords(task, table)
+    if tfrecord is not None:
+        return TFRecordRecords(task, table, split, training, tfrecord)
+    return TableRecords(task, table)
+
+
+def _element_bytes(element_spec) -> int:
+    return sum(spec.shape.num_elements() * spec.dtype.size for spec in tf.nest.flatten(element_spec))
+
+
+def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
+    """Builds the pipeline of one split, in DESIGN's order: source, shard, shuffle, load, cache, batch, prefetch.
 
     Args:
-        cfg: the composed config.
-        table: the split's index table (from `load_tables`).
+        task: the dataset's Task (data/task.py).
+        table: the split's index table (data.tables.load_tables).
+        pipeline: the pipeline settings.
+        split: the split's name, which names its disk cache and its TFRecord shards.
         training: shuffle, repeat forever and drop the last partial batch (the train step augments).
-        split: the split's name, used to name the disk cache.
-        model_dir: run directory, where `pipeline.cache=disk` keeps its files.
-        seed: shuffle (and LFW pair-drawing) seed; defaults to `cfg.seed`.
+        context: a tf.distribute.InputContext when several workers each read their share of the
+            training split; evaluation is not split.
+        model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files.
     """
-    module = dataset_module(cfg)
-    seed = cfg.seed if seed is None else seed
-    batch_size = cfg.pipeline.batch_size
-    sampled = training and hasattr(module, "train_records")
-    worker_count, worker = workers() if training else (1, 0)
-    if worker_count > 1:
+    batch_size = pipeline.batch_size
+    if context is not None and context.num_input_pipelines > 1:
         # Each worker feeds its own replicas their share of the global batch, from its own examples.
-        # (Evaluation is not split: every worker reads the whole split, and the steps take their slice.)
-        if batch_size % worker_count:
-            raise ConfigError(f"pipeline.batch_size={batch_size} does not divide across {worker_count} workers")
-        batch_size //= worker_count
-        log.info("Worker %d of %d: %s, %d examples of every global batch of %d", worker, worker_count,
-                 "its own pair draws" if sampled else f"its 1/{worker_count} of the {split} split", batch_size,
-                 cfg.pipeline.batch_size)
-    cache = cfg.pipeline.cache
-    buffer = cfg.pipeline.shuffle_buffer or max(len(table), 1)
-    if cache not in ("none", "memory", "disk"):
-        raise ConfigError(f"pipeline.cache={cache} is not one of none|memory|disk")
+        batch_size //= context.num_input_pipelines
+        log.info("Worker %d of %d: %d examples of every global batch of %d", context.input_pipeline_id,
+                 context.num_input_pipelines, batch_size, pipeline.batch_size)
+    source = record_source(task, table, split, training, pipeline.tfrecord)
+    cached = pipeline.cache != "none" and not source.endless
 
-    if cfg.pipeline.source == "tfrecord" and not sampled:
-        from data import tfrecords  # imported here: data.tfrecords imports this module
-        # Shuffles and, unless a cache comes next, repeats the records itself when training.
-        data = tfrecords.read(cfg, split, training, seed, table)
-    else:
-        if cfg.pipeline.source == "tfrecord":
-            log.info("%s draws its training examples from the image files afresh; shards serve its evaluation",
-                     cfg.dataset.name)
-        # Index records are cheap; shuffling them, not decoded images, keeps the buffer small.
-        if sampled:
-            # Every worker draws its own pairs.
-            data = module.train_records(table, cfg, seed + 7919 * worker)
-        else:
-            data = records(table)
-            if worker_count > 1:
-                data = data.shard(worker_count, worker)  # before shuffling: disjoint, and together whole
-        if training and not sampled and cache == "none":
-            # Reshuffled every pass; repeat after shuffle so each epoch is seen whole.
-            data = data.shuffle(buffer, seed, reshuffle_each_iteration=True).repeat()
-        # The expensive part: read, decode and resize in parallel.
-        data = data.map(lambda record: module.load(record, cfg), num_parallel_calls=AUTOTUNE)
-    if cache != "none" and not sampled:
+    # This worker's share of the cheap records (paths and labels, or serialized examples).
+    data = source.records(pipeline.seed, context)
+    if training and not source.endless and not cached:
+        # Shuffle records, not decoded images, so the buffer is small; repeat after shuffle, so
+        # each epoch is seen whole and reshuffled.
+        data = data.shuffle(pipeline.buffer(source.count, source.record_bytes), pipeline.seed,
+                            reshuffle_each_iteration=True).repeat()
+    # The expensive part: read, decode and resize in parallel.
+    data = data.map(source.load, num_parallel_calls=AUTOTUNE)
+    if cached:
         # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.
-        data = caching.cache(data, cache, model_dir, split)
+        data = caching.cache(data, pipeline.cache, Path(model_dir or "."), split)
         if training:
-            data = data.shuffle(min(buffer, 10_000), seed, reshuffle_each_iteration=True).repeat()
+            data = data.shuffle(pipeline.buffer(source.count, _element_bytes(data.element_spec)), pipeline.seed,
+                                reshuffle_each_iteration=True).repeat()
     if training:
         data = data.batch(batch_size, drop_remainder=True)
         data = data.map(lambda features, labels: (features, labels, tf.ones([batch_size])))
@@ -192,5 +138,5 @@ def input_fn(cfg, table, training, split, model_dir=None, seed=None) -> tf.data.
     options = tf.data.Options()
     # Training may take whichever image decodes first; evaluation keeps table order, which
     # predictions.csv and the protocol metrics rely on.
-    options.deterministic = bool(cfg.deterministic) or not training
+    options.deterministic = pipeline.deterministic or not training
     return data.with_options(options)

@@ -20,10 +20,10 @@ import pandas as pd
 import tensorflow as tf
 from sklearn.metrics import roc_curve
 
-from data import images
 from data.errors import ConfigError, DatasetError
-from data.samples.lfw_pairs import make_sample  # noqa: F401  (part of the module interface)
+from data.samples.lfw_pairs import make_sample
 from data.spec import DatasetSpec
+from data.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,8 @@ def _find_pairs_file(root: Path, folder: Path, name: str) -> Path:
     raise DatasetError(f"{name} not found in {root}; it is needed for the evaluation pairs (dataset.eval_pairs)")
 
 
-def evaluation_pairs(cfg, root: Path, folder: Path) -> pd.DataFrame:
-    """The protocol pairs that dataset.eval_pairs and dataset.fold select."""
-    which, fold = cfg.dataset.eval_pairs, cfg.dataset.get("fold")
+def evaluation_pairs(which: str, fold, root: Path, folder: Path) -> pd.DataFrame:
+    """The protocol pairs that dataset.eval_pairs (`which`) and dataset.fold select."""
     if which not in EVAL_PAIRS:
         raise ConfigError(f"dataset.eval_pairs={which} is not one of {'|'.join(EVAL_PAIRS)}")
     path = _find_pairs_file(root, folder, EVAL_PAIRS[which])
@@ -126,90 +125,6 @@ def evaluation_pairs(cfg, root: Path, folder: Path) -> pd.DataFrame:
     return pairs
 
 
-def index(root, cfg, skipped) -> dict:
-    """The evaluation pairs (``validation``) and the images of every other person (``train``).
-
-    ``validation`` has path_a, path_b, label (1: same person) and fold; a pair
-    naming a missing image is skipped. ``train`` has one row per image: person
-    and path; `train_records` draws pairs from it.
-    """
-    root = Path(root)
-    folder = find_image_folder(root)
-    files = list_images(folder)
-    if not files:
-        raise DatasetError(f"no <Name>/<Name>_NNNN.jpg images in {folder}")
-    pairs = evaluation_pairs(cfg, root, folder)
-    pairs["path_a"] = [files.get(key) for key in zip(pairs.name_a, pairs.number_a)]
-    pairs["path_b"] = [files.get(key) for key in zip(pairs.name_b, pairs.number_b)]
-    missing = pairs.path_a.isna() | pairs.path_b.isna()
-    for pair in pairs[missing].itertuples():
-        name, number = (pair.name_a, pair.number_a) if pd.isna(pair.path_a) else (pair.name_b, pair.number_b)
-        skipped.add(folder / name / f"{name}_{number:04d}.jpg", f"missing image: {pair.file} line {pair.line}")
-    validation = pairs[~missing].reset_index(drop=True)
-
-    # Everyone named by the evaluation pairs, skipped lines included, stays out of training.
-    held_out = set(pairs.name_a) | set(pairs.name_b)
-    train = pd.DataFrame(sorted((name, path) for (name, _), path in files.items() if name not in held_out),
-                         columns=["person", "path"])
-    log.info("LFW images from %s: %d training people (%d images); %d evaluation pairs of %d people",
-             folder, train.person.nunique(), len(train), len(validation), len(held_out))
-    return {"train": train, "validation": validation[["path_a", "path_b", "label", "fold", "name_a", "name_b"]]}
-
-
-def train_records(table, cfg, seed) -> tf.data.Dataset:
-    """An endless stream of balanced training pairs {path_a, path_b, label}, drawn in the graph.
-
-    Element i is a same-person pair when i is even and a different-person pair
-    when odd, so every even batch is exactly balanced. Its random draws are
-    stateless ops seeded by (seed, i): the stream depends only on the seed, and
-    an iterator checkpoint is just the counter.
-    """
-    table = table.sort_values(["person", "path"])
-    counts = table.groupby("person", sort=True).size()
-    if len(counts) < 2 or (counts >= 2).sum() == 0:
-        raise DatasetError(f"training needs two people and one person with two images; the images tree "
-                           f"left {len(counts)} people outside the evaluation pairs")
-    paths = tf.constant(table.path.to_numpy(dtype=str))
-    starts = tf.constant(np.concatenate([[0], np.cumsum(counts.to_numpy())[:-1]]), tf.int64)
-    counts_t = tf.constant(counts.to_numpy(), tf.int64)
-    with_two = tf.constant(np.flatnonzero(counts.to_numpy() >= 2), tf.int64)
-    people = tf.constant(len(counts), tf.int64)
-
-    def draw(u, n):
-        """An integer in [0, n) from a uniform u in [0, 1)."""
-        return tf.minimum(tf.cast(tf.floor(u * tf.cast(n, tf.float64)), tf.int64), n - 1)
-
-    def image(person, u):
-        return paths[starts[person] + draw(u, counts_t[person])]
-
-    def pair(i):
-        u = tf.random.stateless_uniform([4], seed=tf.stack([tf.constant(seed, tf.int64), i]), dtype=tf.float64)
-        same = tf.equal(i % 2, 0)
-        # Same person: one person with two or more images, two distinct images of theirs.
-        person = tf.gather(with_two, draw(u[0], tf.size(with_two, out_type=tf.int64)))
-        first = draw(u[1], counts_t[person])
-        second = draw(u[2], counts_t[person] - 1)
-        second += tf.cast(second >= first, tf.int64)  # skip `first`, so the two images differ
-        same_a, same_b = paths[starts[person] + first], paths[starts[person] + second]
-        # Different people: two distinct people, any image of each.
-        person_a = draw(u[0], people)
-        person_b = draw(u[1], people - 1)
-        person_b += tf.cast(person_b >= person_a, tf.int64)
-        different_a, different_b = image(person_a, u[2]), image(person_b, u[3])
-        return {"path_a": tf.where(same, same_a, different_a), "path_b": tf.where(same, same_b, different_b),
-                "label": tf.cast(same, tf.int64)}
-
-    return tf.data.Dataset.counter().map(pair)
-
-
-def load(record, cfg):
-    """Reads both faces as RGB uint8 (grayscale JPEGs too), centre-cropped and resized, and the label."""
-    def read(path):
-        return images.decode_configured(tf.io.read_file(path), SPEC.channels, cfg)
-
-    return (read(record["path_a"]), read(record["path_b"])), tf.reshape(tf.cast(record["label"], tf.float32), [1])
-
-
 def best_threshold(scores, labels) -> float:
     """The threshold t maximising the accuracy of predicting `same` when score >= t."""
     false_positive_rate, true_positive_rate, thresholds = roc_curve(labels, scores, drop_intermediate=False)
@@ -219,20 +134,108 @@ def best_threshold(scores, labels) -> float:
     return thresholds[np.argmax(correct)]
 
 
-def protocol_metrics(table, scores) -> dict:
-    """LFW's 10-fold protocol: per fold, the threshold is chosen on the other folds.
+class LfwPairs(Task):
+    """LFW face verification; options: ``eval_pairs`` (dev_test|pairs) and ``fold``."""
 
-    Returns the mean and standard deviation (ddof=1, as the LFW README defines
-    it) of the ten test-fold accuracies; empty when the table has one fold.
-    """
-    folds, labels, scores = table.fold.to_numpy(), table.label.to_numpy(), np.asarray(scores).reshape(-1)
-    if len(np.unique(folds)) < 2:
-        return {}
-    accuracies = []
-    for fold in np.unique(folds):
-        test = folds == fold
-        threshold = best_threshold(scores[~test], labels[~test])
-        accuracies.append(np.mean((scores[test] >= threshold) == labels[test]))
-    prefix = "ten_fold" if len(accuracies) == 10 else f"{len(accuracies)}_fold"
-    return {f"{prefix}_accuracy_mean": float(np.mean(accuracies)),
-            f"{prefix}_accuracy_std": float(np.std(accuracies, ddof=1))}
+    SPEC = SPEC
+    DEFAULT_MODEL = "siamese_cnn"
+    OPTIONS = ("eval_pairs", "fold")
+    DRAWS_TRAINING_RECORDS = True
+    make_sample = staticmethod(make_sample)
+
+    def index(self, root, skipped) -> dict:
+        """The evaluation pairs (``validation``) and the images of every other person (``train``).
+
+        ``validation`` has path_a, path_b, label (1: same person) and fold; a pair
+        naming a missing image is skipped. ``train`` has one row per image: person
+        and path; `train_records` draws pairs from it.
+        """
+        root = Path(root)
+        folder = find_image_folder(root)
+        files = list_images(folder)
+        if not files:
+            raise DatasetError(f"no <Name>/<Name>_NNNN.jpg images in {folder}")
+        pairs = evaluation_pairs(self.options["eval_pairs"], self.options["fold"], root, folder)
+        pairs["path_a"] = [files.get(key) for key in zip(pairs.name_a, pairs.number_a)]
+        pairs["path_b"] = [files.get(key) for key in zip(pairs.name_b, pairs.number_b)]
+        missing = pairs.path_a.isna() | pairs.path_b.isna()
+        for pair in pairs[missing].itertuples():
+            name, number = (pair.name_a, pair.number_a) if pd.isna(pair.path_a) else (pair.name_b, pair.number_b)
+            skipped.add(folder / name / f"{name}_{number:04d}.jpg", f"missing image: {pair.file} line {pair.line}")
+        validation = pairs[~missing].reset_index(drop=True)
+
+        # Everyone named by the evaluation pairs, skipped lines included, stays out of training.
+        held_out = set(pairs.name_a) | set(pairs.name_b)
+        train = pd.DataFrame(sorted((name, path) for (name, _), path in files.items() if name not in held_out),
+                             columns=["person", "path"])
+        log.info("LFW images from %s: %d training people (%d images); %d evaluation pairs of %d people",
+                 folder, train.person.nunique(), len(train), len(validation), len(held_out))
+        return {"train": train, "validation": validation[["path_a", "path_b", "label", "fold", "name_a", "name_b"]]}
+
+    def train_records(self, table, seed) -> tf.data.Dataset:
+        """An endless stream of balanced training pairs {path_a, path_b, label}, drawn in the graph.
+
+        Element i is a same-person pair when i is even and a different-person pair
+        when odd, so every even batch is exactly balanced. Its random draws are
+        stateless ops seeded by (seed, i): the stream depends only on the seed, and
+        an iterator checkpoint is just the counter.
+        """
+        table = table.sort_values(["person", "path"])
+        counts = table.groupby("person", sort=True).size()
+        if len(counts) < 2 or (counts >= 2).sum() == 0:
+            raise DatasetError(f"training needs two people and one person with two images; the images tree "
+                               f"left {len(counts)} people outside the evaluation pairs")
+        paths = tf.constant(table.path.to_numpy(dtype=str))
+        starts = tf.constant(np.concatenate([[0], np.cumsum(counts.to_numpy())[:-1]]), tf.int64)
+        counts_t = tf.constant(counts.to_numpy(), tf.int64)
+        with_two = tf.constant(np.flatnonzero(counts.to_numpy() >= 2), tf.int64)
+        people = tf.constant(len(counts), tf.int64)
+
+        def draw(u, n):
+            """An integer in [0, n) from a uniform u in [0, 1)."""
+            return tf.minimum(tf.cast(tf.floor(u * tf.cast(n, tf.float64)), tf.int64), n - 1)
+
+        def image(person, u):
+            return paths[starts[person] + draw(u, counts_t[person])]
+
+        def pair(i):
+            u = tf.random.stateless_uniform([4], seed=tf.stack([tf.constant(seed, tf.int64), i]), dtype=tf.float64)
+            same = tf.equal(i % 2, 0)
+            # Same person: one person with two or more images, two distinct images of theirs.
+            person = tf.gather(with_two, draw(u[0], tf.size(with_two, out_type=tf.int64)))
+            first = draw(u[1], counts_t[person])
+            second = draw(u[2], counts_t[person] - 1)
+            second += tf.cast(second >= first, tf.int64)  # skip `first`, so the two images differ
+            same_a, same_b = paths[starts[person] + first], paths[starts[person] + second]
+            # Different people: two distinct people, any image of each.
+            person_a = draw(u[0], people)
+            person_b = draw(u[1], people - 1)
+            person_b += tf.cast(person_b >= person_a, tf.int64)
+            different_a, different_b = image(person_a, u[2]), image(person_b, u[3])
+            return {"path_a": tf.where(same, same_a, different_a), "path_b": tf.where(same, same_b, different_b),
+                    "label": tf.cast(same, tf.int64)}
+
+        return tf.data.Dataset.counter().map(pair)
+
+    def load(self, record):
+        """Reads both faces as RGB uint8 (grayscale JPEGs too), centre-cropped and resized, and the label."""
+        images = (self.read_image(record["path_a"]), self.read_image(record["path_b"]))
+        return images, tf.reshape(tf.cast(record["label"], tf.float32), [1])
+
+    def protocol_metrics(self, table, scores) -> dict:
+        """LFW's 10-fold protocol: per fold, the threshold is chosen on the other folds.
+
+        Returns the mean and standard deviation (ddof=1, as the LFW README defines
+        it) of the ten test-fold accuracies; empty when the table has one fold.
+        """
+        folds, labels, scores = table.fold.to_numpy(), table.label.to_numpy(), np.asarray(scores).reshape(-1)
+        if len(np.unique(folds)) < 2:
+            return {}
+        accuracies = []
+        for fold in np.unique(folds):
+            test = folds == fold
+            threshold = best_threshold(scores[~test], labels[~test])
+            accuracies.append(np.mean((scores[test] >= threshold) == labels[test]))
+        prefix = "ten_fold" if len(accuracies) == 10 else f"{len(accuracies)}_fold"
+        return {f"{prefix}_accuracy_mean": float(np.mean(accuracies)),
+                f"{prefix}_accuracy_std": float(np.std(accuracies, ddof=1))}

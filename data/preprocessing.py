@@ -17,13 +17,17 @@ BRIGHTNESS_DELTA = 0.1 * 255
 class Preprocessing:
     """Augments (training only) and normalises a batch of images, or a pair of batches."""
 
-    def __init__(self, cfg):
-        self.augment = bool(cfg.pipeline.augment)
-        self.flip = bool(cfg.dataset.flip)
-        self.normalize = cfg.dataset.normalize
-        self.seed = int(cfg.seed)
-        if self.normalize not in ("unit_range", "per_image_standardization"):
-            raise ConfigError(f"dataset.normalize={self.normalize} is not one of unit_range|per_image_standardization")
+    def __init__(self, augment: bool, flip: bool, normalize: str, seed: int):
+        """`augment`: random flips (with `flip`) and brightness in training; `normalize`: ``unit_range``
+        or ``per_image_standardization``; `seed`: the seed of every random draw."""
+        if normalize not in ("unit_range", "per_image_standardization"):
+            raise ConfigError(f"dataset.normalize={normalize} is not one of unit_range|per_image_standardization")
+        self.augment, self.flip, self.normalize, self.seed = augment, flip, normalize, seed
+
+    @classmethod
+    def from_config(cls, cfg) -> "Preprocessing":
+        """pipeline.augment, dataset.flip, dataset.normalize and seed, as plain values."""
+        return cls(bool(cfg.pipeline.augment), bool(cfg.dataset.flip), cfg.dataset.normalize, int(cfg.seed))
 
     def __call__(self, features, training, step=None):
         """`features`: uint8 [batch, height, width, channels], or a tuple of such batches.

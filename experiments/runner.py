@@ -18,10 +18,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from data import caching, images
+from data import caching, task_from_config
 from data.errors import ConfigError
-from data.input_fn import dataset_module, input_fn, load_tables, path_columns, workers
+from data.input_fn import Pipeline, input_fn
 from data.skipped import SkipLog
+from data.tables import load_tables, path_columns
 from experiments import metrics, strategies
 from experiments.summaries import Summaries, write_metrics
 from experiments.trainer import NonFiniteLossError, Trainer
@@ -61,32 +62,35 @@ def run(cfg):
     keras.utils.set_random_seed(cfg.seed)
     if cfg.deterministic:
         tf.config.experimental.enable_op_determinism()
-    module = dataset_module(cfg)
-    spec = module.SPEC
+    task = task_from_config(cfg)
+    spec = task.SPEC
     check_config(cfg, spec)
-    worker_count, worker = workers()
+    pipeline = Pipeline.from_config(cfg)
+    worker_count, worker = strategies.workers()
     if worker_count > 1 and cfg.strategy.name != "multi_worker":
         raise ConfigError(f"TF_CONFIG names {worker_count} workers but strategy={cfg.strategy.name}; "
                           f"use strategy=multi_worker (or unset TF_CONFIG)")
     strategy = strategies.make_strategy(cfg.strategy)
-    if cfg.pipeline.batch_size % strategy.num_replicas_in_sync:
-        raise ConfigError(f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across "
-                          f"{strategy.num_replicas_in_sync} replicas; use a multiple of {strategy.num_replicas_in_sync}")
+    for parts, what in ((strategy.num_replicas_in_sync, "replicas"), (worker_count, "workers")):
+        if cfg.pipeline.batch_size % parts:
+            raise ConfigError(f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across {parts} {what}; "
+                              f"use a multiple of {parts}")
     keras.mixed_precision.set_global_policy("mixed_float16" if cfg.pipeline.dtype == "float16" else "float32")
 
     # Input pipeline: index once, in Python; everything per example happens in tf.data.
     skipped = SkipLog()
-    tables = load_tables(cfg, skipped)
+    tables = load_tables(task, cfg.dataset.root, cfg.pipeline.verify_images, skipped)
     # Under multi_worker only the chief writes the run directory's files; the others would clash.
     chief = strategies.is_chief(strategy)
     if chief:
         skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
 
     # Model, optimizer and global step.
-    trainer = Trainer(cfg, spec, strategy, images.configured_size(cfg))
+    trainer = Trainer(cfg, spec, strategy, task.decode.size)
     summaries = Summaries(str(model_dir), enabled=chief)
     summaries.hparams(cfg, metrics.headline(spec.task))
-    estimator = Estimator(cfg, spec, module, trainer, summaries, model_dir, tables, worker=None if chief else worker)
+    estimator = Estimator(cfg, task, pipeline, trainer, summaries, model_dir, tables,
+                          context=strategies.input_context(strategy), worker=None if chief else worker)
     if cfg.mode == "predict":
         estimator.predict()
     elif cfg.mode == "evaluate":
@@ -98,18 +102,22 @@ def run(cfg):
 class Estimator:
     """Trains to a step budget, evaluates on an interval, checkpoints and resumes."""
 
-    def __init__(self, cfg, spec, module, trainer, summaries, model_dir, tables, worker=None):
-        """`worker`: None on the chief; a non-chief worker's index, whose files go to a scratch folder."""
-        self.cfg, self.spec, self.module, self.trainer = cfg, spec, module, trainer
-        self.summaries, self.model_dir, self.tables = summaries, model_dir, tables
+    def __init__(self, cfg, task, pipeline, trainer, summaries, model_dir, tables, context=None, worker=None):
+        """`context`: this worker's tf.distribute.InputContext for training input; `worker`: None on the
+        chief, a non-chief worker's index, whose files go to a scratch folder."""
+        self.cfg, self.task, self.spec, self.pipeline, self.trainer = cfg, task, task.SPEC, pipeline, trainer
+        self.summaries, self.model_dir, self.tables, self.context = summaries, model_dir, tables, context
         self.chief = worker is None
         # Every worker takes part in saving (the variables are synchronised), but only the chief's
         # copy is kept; the others save into a scratch folder and delete it.
         self.checkpoint_dir = model_dir / "checkpoints"
         self.save_dir = self.checkpoint_dir if self.chief else model_dir / f".worker-{worker}-checkpoints"
         self.eval_split = "validation"
-        self.eval_data = input_fn(cfg, tables[self.eval_split], training=False, split=self.eval_split,
-                                  model_dir=model_dir)
+        self.eval_data = self._input_fn(self.eval_split, training=False)
+
+    def _input_fn(self, split, training):
+        return input_fn(self.task, self.tables[split], self.pipeline, split=split, training=training,
+                        context=self.context if training else None, model_dir=self.model_dir)
 
     def _manager(self, checkpoint):
         return tf.train.CheckpointManager(checkpoint, str(self.save_dir), max_to_keep=self.cfg.trainer.keep_checkpoints,
@@ -134,13 +142,12 @@ class Estimator:
 
     def train(self, evaluate=True):
         cfg, trainer = self.cfg, self.trainer
-        data = input_fn(cfg, self.tables["train"], training=True, split="train", model_dir=self.model_dir)
-        iterator = iter(data)
+        iterator = iter(self._input_fn("train", training=True))
         save_input = cfg.trainer.checkpoint_input and caching.checkpointable(cfg.pipeline.cache)
         if cfg.trainer.checkpoint_input and not save_input:
             log.info("pipeline.cache=%s: checkpoints leave out the input iterator (see data/caching.py); a resumed "
                      "run starts its input stream over", cfg.pipeline.cache)
-        elif save_input and workers()[0] > 1:
+        elif save_input and self.context.num_input_pipelines > 1:
             # The chief's checkpoint would hand its own input position and shuffle buffer to every worker.
             save_input = False
             log.info("strategy=multi_worker: checkpoints leave out the workers' input iterators; a resumed run "
@@ -233,8 +240,8 @@ class Estimator:
         labels = np.asarray(table.label.tolist()[:count])
         values = {"loss": total_loss / max(count, 1),
                   **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
-        if hasattr(self.module, "protocol_metrics") and count == len(table):
-            values.update(self.module.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
+        if count == len(table):
+            values.update(self.task.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
         self.summaries.scalars("validation", values, step)
         if self.chief:
             write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
@@ -248,8 +255,7 @@ class Estimator:
         self._restore_model()
         split = "test" if "test" in self.tables else self.eval_split
         table = self.tables[split]
-        data = input_fn(self.cfg, table, training=False, split=split, model_dir=self.model_dir)
-        logits, _, _ = self._outputs(data)  # every worker takes part: the steps are collective
+        logits, _, _ = self._outputs(self._input_fn(split, training=False))  # every worker takes part: the steps are collective
         if not self.chief:
             return
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)

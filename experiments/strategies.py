@@ -1,5 +1,7 @@
-"""The tf.distribute strategy named by `strategy.name`."""
+"""The tf.distribute strategy named by `strategy.name`, and the cluster TF_CONFIG describes."""
+import json
 import logging
+import os
 
 import tensorflow as tf
 
@@ -28,7 +30,7 @@ def make_strategy(strategy_cfg) -> tf.distribute.Strategy:
     elif name == "one_device":
         strategy = tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
     elif name == "mirrored":
-        devices = None if gpus else _split_cpu(strategy_cfg.get("logical_cpus", 2))
+        devices = None if gpus else _split_cpu(strategy_cfg.logical_cpus)
         strategy = tf.distribute.MirroredStrategy(devices)
     elif name == "multi_worker":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -45,3 +47,21 @@ def is_chief(strategy) -> bool:
         return True
     return resolver.task_type in ("chief", None) or (resolver.task_type == "worker" and resolver.task_id == 0
                                                      and "chief" not in resolver.cluster_spec().as_dict())
+
+
+def workers() -> tuple:
+    """(number of training workers, this worker's index) from TF_CONFIG; (1, 0) without it."""
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    cluster, task = config.get("cluster", {}), config.get("task", {})
+    chiefs = len(cluster.get("chief", []))
+    count = chiefs + len(cluster.get("worker", []))
+    # MultiWorkerMirroredStrategy counts the chief as worker 0 when there is one.
+    index = int(task.get("index", 0)) + (chiefs if task.get("type") == "worker" else 0)
+    return max(count, 1), index
+
+
+def input_context(strategy) -> tf.distribute.InputContext:
+    """This worker's place among the input pipelines: one per training worker."""
+    count, index = workers()
+    return tf.distribute.InputContext(num_input_pipelines=count, input_pipeline_id=index,
+                                      num_replicas_in_sync=strategy.num_replicas_in_sync)

@@ -29,7 +29,7 @@ class Trainer:
         self.spec, self.strategy = spec, strategy
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch_size = cfg.pipeline.batch_size
-        self.preprocess = Preprocessing(cfg)
+        self.preprocess = Preprocessing.from_config(cfg)
         with strategy.scope():
             self.model = BUILDERS[cfg.model.name](cfg.model, spec, image_size)
             self.optimizer = keras.optimizers.Adam(cfg.trainer.learning_rate)

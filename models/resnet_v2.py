@@ -22,7 +22,7 @@ def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
     # several hundred steps to settle, and evaluation of a short run sees the initial ones.
     for layer in backbone.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
-            layer.momentum = model_cfg.get("batch_norm_momentum", 0.99)
+            layer.momentum = model_cfg.batch_norm_momentum
     # float32 logits keep the loss stable under mixed precision.
     logits = keras.layers.Dense(spec.num_outputs, dtype="float32", name="logits")(backbone.output)
     return keras.Model(backbone.input, logits, name=model_cfg.name)

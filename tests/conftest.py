@@ -52,3 +52,42 @@ def run_cli(*args, timeout=900, env=None, **kwargs):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     return subprocess.run([sys.executable, "run.py", *args], cwd=PROJECT, capture_output=True, text=True,
                           timeout=timeout, env=env, **kwargs)
+
+
+def task_of(cfg):
+    """The Task a composed config names."""
+    from data import task_from_config
+    return task_from_config(cfg)
+
+
+def tables_of(cfg, skipped=None):
+    """The index tables of a composed config's dataset, as a run loads them."""
+    from data.skipped import SkipLog
+    from data.tables import load_tables
+    return load_tables(task_of(cfg), cfg.dataset.root, cfg.pipeline.verify_images,
+                       SkipLog() if skipped is None else skipped)
+
+
+def make_input(cfg, table, training, split, context=None, model_dir=None):
+    """input_fn for one split of a composed config, as the runner calls it."""
+    from data.input_fn import Pipeline, input_fn
+    return input_fn(task_of(cfg), table, Pipeline.from_config(cfg), split=split, training=training, context=context,
+                    model_dir=model_dir)
+
+
+def convert_shards(cfg):
+    """`python -m data.tfrecords` with a composed config, in this process; returns the manifest."""
+    from data.tfrecords.layout import TFRecordSettings
+    from data.tfrecords.writer import convert
+    from experiments.strategies import workers
+    return convert(task_of(cfg), TFRecordSettings.from_config(cfg), int(cfg.seed), cfg.pipeline.verify_images,
+                   workers()[0])
+
+
+def read_shards(cfg, split, training, seed=0, table=None, context=None):
+    """The (features, label) elements of a split's TFRecord shards, as the pipeline's tfrecord source reads them
+    (before input_fn's shuffle)."""
+    from data.tfrecords.layout import TFRecordSettings
+    from data.tfrecords.reader import TFRecordRecords
+    source = TFRecordRecords(task_of(cfg), table, split, training, TFRecordSettings.from_config(cfg))
+    return source.records(seed, context).map(source.load)

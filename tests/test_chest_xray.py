@@ -7,9 +7,9 @@ import tensorflow as tf
 
 from data import chest_xray
 from data.errors import DatasetError
-from data.images import read_and_resize
+from data.images import Decode
 from data.skipped import SkipLog
-from tests.conftest import compose
+from tests.conftest import compose, task_of
 
 
 def test_2017_header_with_trailing_comma_and_bracketed_columns(real):
@@ -66,7 +66,7 @@ def real_tree(tmp_path, real):
 
 def test_index_skips_rows_without_images_and_keeps_all_24_real_pngs(real_tree):
     skipped = SkipLog()
-    tables = chest_xray.index(real_tree, compose("dataset=chest_xray"), skipped)
+    tables = task_of(compose("dataset=chest_xray")).index(real_tree, skipped)
     indexed = sum(len(table) for table in tables.values())
     assert indexed == 24
     assert len(skipped) == 57 - 24
@@ -75,8 +75,8 @@ def test_index_skips_rows_without_images_and_keeps_all_24_real_pngs(real_tree):
 
 
 def test_patient_wise_split_never_shares_a_patient(real_tree):
-    tables = chest_xray.index(real_tree, compose("dataset=chest_xray", "dataset.validation_fraction=0.3"),
-                              SkipLog())
+    task = task_of(compose("dataset=chest_xray", "dataset.validation_fraction=0.3"))
+    tables = task.index(real_tree, SkipLog())
     assert set(tables) == {"train", "validation"}
     assert len(tables["validation"]) > 0
     assert not set(tables["train"].patient_id) & set(tables["validation"].patient_id)
@@ -85,7 +85,7 @@ def test_patient_wise_split_never_shares_a_patient(real_tree):
 def test_official_lists_are_used_when_present(real_tree, real):
     shutil.copy(real / "nih" / "train_val_list.txt", real_tree / "train_val_list.txt")
     (real_tree / "test_list.txt").write_text("00000003_000.png\n")
-    tables = chest_xray.index(real_tree, compose("dataset=chest_xray"), SkipLog())
+    tables = task_of(compose("dataset=chest_xray")).index(real_tree, SkipLog())
     train_val = set(tables["train"].image) | set(tables["validation"].image)
     official = set((real / "nih" / "train_val_list.txt").read_text().split())
     assert train_val <= official
@@ -95,10 +95,10 @@ def test_official_lists_are_used_when_present(real_tree, real):
 
 def test_every_real_png_decodes_to_one_channel_rgba_included(real):
     for png in sorted((real / "nih" / "images").glob("*.png")):
-        image = read_and_resize(tf.constant(str(png)), 1, (64, 64))
+        image = Decode((64, 64), "resize").read(tf.constant(str(png)), 1)
         assert image.shape == (64, 64, 1) and image.dtype == tf.uint8
         assert int(tf.reduce_max(image)) > 100, png.name  # real content, not an empty decode
-    rgba = read_and_resize(tf.constant(str(real / "nih" / "images" / "00000004_000.png")), 1, (32, 32))
+    rgba = Decode((32, 32), "resize").read(tf.constant(str(real / "nih" / "images" / "00000004_000.png")), 1)
     assert float(tf.math.reduce_std(tf.cast(rgba, tf.float32))) > 5
 
 
@@ -115,7 +115,7 @@ def test_embedded_sample_has_the_real_layout_and_is_deterministic(tmp_path, real
     first = tmp_path / "a" / "images" / "00000001_000.png"
     assert Image.open(first).mode == "L" and Image.open(first).size == (1024, 1024)
     assert np.array_equal(np.asarray(Image.open(first)), np.asarray(Image.open(tmp_path / "b" / "images" / first.name)))
-    tables = chest_xray.index(tmp_path / "a", compose("dataset=chest_xray"), SkipLog())
+    tables = task_of(compose("dataset=chest_xray")).index(tmp_path / "a", SkipLog())
     assert set(tables) == {"train", "validation", "test"}
     visits = tables["train"].patient_id.value_counts()
     assert visits.max() > 1  # several visits per patient

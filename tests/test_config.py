@@ -22,7 +22,7 @@ def test_every_option_of_every_group_composes(group):
 
 
 def test_every_dataset_and_model_config_has_code_behind_it():
-    assert set(_options("dataset")) == set(data.DATASETS)
+    assert set(_options("dataset")) == set(data.TASKS)
     assert set(_options("model")) == set(BUILDERS)
 
 

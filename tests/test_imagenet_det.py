@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 from PIL import Image
 
 from data import imagenet_det
+from data.images import Decode
 from data.samples import imagenet_det as sample
 from data.errors import ConfigError
 from data.skipped import SkipLog
@@ -64,7 +64,7 @@ def make_tree(root, train, val=None):
 
 def labels_of(root, skipped=None):
     """{image stem: label} of every indexed image, train and validation."""
-    tables = imagenet_det.index(root, None, skipped if skipped is not None else SkipLog())
+    tables = det_task().index(root, skipped if skipped is not None else SkipLog())
     return {Path(path).stem: label for table in tables.values() for path, label in zip(table.path, table.label)}
 
 
@@ -160,18 +160,18 @@ def test_splits_come_from_the_train_and_val_folders(tmp_path):
     root = make_tree(tmp_path / "tree", {"ILSVRC2014_train_0000/a": xml(40, 30, [(APPLE, 0, 0, 9, 9)])},
                      val={"ILSVRC2013_val_00000001": xml(40, 30, [(AIRPLANE, 0, 0, 9, 9)]),
                           "ILSVRC2013_val_00000002": xml(40, 30, [])})
-    tables = imagenet_det.index(root, None, SkipLog())
+    tables = det_task().index(root, SkipLog())
     assert sorted(tables) == ["train", "validation"]
     assert [Path(p).name for p in tables["train"].path] == ["a.JPEG"]
     assert sorted(tables["validation"].label) == [label(AIRPLANE), imagenet_det.BACKGROUND]
     assert all(Path(p).is_absolute() and Path(p).exists() for p in tables["validation"].path)
     # Accepts the ILSVRC folder itself as the root too.
-    assert len(imagenet_det.index(root / "ILSVRC", None, SkipLog())["validation"]) == 2
+    assert len(det_task().index(root / "ILSVRC", SkipLog())["validation"]) == 2
 
 
 def test_a_folder_without_the_ilsvrc_tree_is_a_dataset_error(tmp_path):
     with pytest.raises(imagenet_det.DatasetError, match="ILSVRC/Data/DET"):
-        imagenet_det.index(tmp_path, None, SkipLog())
+        det_task().index(tmp_path, SkipLog())
 
 
 def counting_parses(monkeypatch):
@@ -223,8 +223,8 @@ def test_a_changed_tree_is_indexed_again(tmp_path, monkeypatch, change):
     assert ("n" in labels) == (change == "add_image")
 
 
-def decode_config(image_size=(24, 32)):
-    return OmegaConf.create({"pipeline": {"image_size": list(image_size)}, "dataset": {"resize": "crop_or_pad"}})
+def det_task(image_size=(24, 32)):
+    return imagenet_det.ImagenetDet(Decode(image_size, "crop_or_pad"), seed=0)
 
 
 @pytest.mark.parametrize("mode, image_format", [("L", "JPEG"), ("CMYK", "JPEG"), ("RGB", "PNG"), ("RGBA", "PNG")])
@@ -233,7 +233,7 @@ def test_odd_files_named_jpeg_decode_to_rgb(tmp_path, mode, image_format):
     colour = (40, 90, 220)
     write_image(path, mode, image_format, size=(40, 30), colour=colour)
     record = {"path": imagenet_det.tf.constant(str(path)), "label": imagenet_det.tf.constant(7, "int64")}
-    image, label_ = imagenet_det.load(record, decode_config())
+    image, label_ = det_task().load(record)
     image = image.numpy()
     assert image.shape == (24, 32, 3) and image.dtype == np.uint8 and int(label_) == 7
     centre = image[12, 16].astype(int)
@@ -247,7 +247,7 @@ def test_crop_or_pad_keeps_scale(tmp_path):
     path = tmp_path / "small.JPEG"
     write_image(path, size=(20, 10), colour=(255, 255, 255))
     record = {"path": imagenet_det.tf.constant(str(path)), "label": imagenet_det.tf.constant(0, "int64")}
-    image = imagenet_det.load(record, decode_config((30, 40)))[0].numpy()
+    image = det_task((30, 40)).load(record)[0].numpy()
     # Zero padding around a 10x20 white centre: not stretched to fill the frame.
     assert image[0, 0].max() == 0 and image[15, 20].min() > 200
     assert (image.max(axis=-1) > 200).sum() == pytest.approx(10 * 20, abs=30)
@@ -304,7 +304,7 @@ def test_sample_has_the_real_layout_and_every_quirk(sample_tree):
 
 def test_sample_indexes_with_one_skip_and_every_class(sample_tree):
     skipped = SkipLog()
-    tables = imagenet_det.index(sample_tree, None, skipped)
+    tables = det_task().index(sample_tree, skipped)
     assert len(skipped) == 1 and skipped.rows[0][1].startswith("malformed XML")
     expected = {label(wnid) for wnid in sample.CLASSES} | {imagenet_det.BACKGROUND}
     for table in tables.values():
@@ -378,7 +378,7 @@ def test_cli_default_run_learns_the_largest_object(tmp_path):
     result = run_cli("dataset=imagenet_det", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-2000:]
     metrics = assert_run_dir(run_dir, compose("dataset=imagenet_det").trainer.train_steps)
-    tables = imagenet_det.index(sample_root_of(result), None, SkipLog())
+    tables = det_task().index(sample_root_of(result), SkipLog())
     chance = 1 / tables["validation"].label.nunique()
     assert metrics["examples"] == len(tables["validation"])
     assert metrics["accuracy"] >= 2 * chance, metrics

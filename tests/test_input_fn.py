@@ -3,10 +3,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data.input_fn import input_fn, load_tables
-from data.skipped import SkipLog
+from data.input_fn import Pipeline
 from experiments.trainer import Trainer
-from tests.conftest import compose
+from tests.conftest import compose, make_input, tables_of
 
 OVERRIDES = ("dataset=chest_xray", "model=resnet_v2_50", "pipeline.image_size=32", "pipeline.batch_size=8")
 
@@ -18,12 +17,12 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def tables(cfg):
-    return load_tables(cfg, SkipLog())
+    return tables_of(cfg)
 
 
 def test_train_and_validation_share_one_element_spec(cfg, tables):
-    train = input_fn(cfg, tables["train"], training=True, split="train")
-    validation = input_fn(cfg, tables["validation"], training=False, split="validation")
+    train = make_input(cfg, tables["train"], training=True, split="train")
+    validation = make_input(cfg, tables["validation"], training=False, split="validation")
     assert train.element_spec == validation.element_spec
     features, labels, weights = train.element_spec
     # uint8: the steps augment and normalise on the device (data/preprocessing.py).
@@ -34,7 +33,7 @@ def test_train_and_validation_share_one_element_spec(cfg, tables):
 def test_evaluation_sees_every_example_exactly_once(cfg, tables):
     table = tables["validation"]
     assert len(table) % 8, "the sample's validation split should not be a multiple of the batch"
-    validation = input_fn(cfg, table, training=False, split="validation")
+    validation = make_input(cfg, table, training=False, split="validation")
     labels = np.concatenate([batch_labels[batch_weights > 0] for _, batch_labels, batch_weights
                              in validation.as_numpy_iterator()])
     assert len(labels) == len(table)
@@ -42,10 +41,10 @@ def test_evaluation_sees_every_example_exactly_once(cfg, tables):
 
 
 def test_the_training_stream_is_seeded(tables):
-    cfg = compose(*OVERRIDES, "deterministic=true")
-    first = next(iter(input_fn(cfg, tables["train"], training=True, split="train", seed=1)))
-    again = next(iter(input_fn(cfg, tables["train"], training=True, split="train", seed=1)))
-    other = next(iter(input_fn(cfg, tables["train"], training=True, split="train", seed=2)))
+    seeded = {seed: compose(*OVERRIDES, "deterministic=true", f"seed={seed}") for seed in (1, 2)}
+    first = next(iter(make_input(seeded[1], tables["train"], training=True, split="train")))
+    again = next(iter(make_input(seeded[1], tables["train"], training=True, split="train")))
+    other = next(iter(make_input(seeded[2], tables["train"], training=True, split="train")))
     assert first[0].numpy().max() > first[0].numpy().min()
     np.testing.assert_array_equal(first[0].numpy(), again[0].numpy())
     np.testing.assert_array_equal(first[1].numpy(), again[1].numpy())
@@ -54,7 +53,7 @@ def test_the_training_stream_is_seeded(tables):
 
 def test_no_python_runs_per_example(cfg, tables):
     """The pipeline's graph holds no py_function / from_generator ops."""
-    pipeline = input_fn(cfg, tables["train"], training=True, split="train")
+    pipeline = make_input(cfg, tables["train"], training=True, split="train")
     graph = tf.raw_ops.DatasetToGraphV2(input_dataset=pipeline._variant_tensor).numpy().decode("latin-1")
     for op in ("EagerPyFunc", "PyFunc", "GeneratorDataset"):
         assert f'op: "{op}"' not in graph
@@ -63,8 +62,8 @@ def test_no_python_runs_per_example(cfg, tables):
 def test_train_and_eval_steps_are_traced_once_across_epochs_and_evaluations(cfg, tables):
     from data.chest_xray import SPEC
     trainer = Trainer(cfg, SPEC, tf.distribute.get_strategy(), (32, 32))
-    train = iter(input_fn(cfg, tables["train"], training=True, split="train"))
-    validation = input_fn(cfg, tables["validation"], training=False, split="validation")
+    train = iter(make_input(cfg, tables["train"], training=True, split="train"))
+    validation = make_input(cfg, tables["validation"], training=False, split="validation")
     steps_per_epoch = len(tables["train"]) // 8
     for _ in range(steps_per_epoch + 2):  # crosses an epoch boundary
         trainer.train_step(*next(train))
@@ -74,3 +73,25 @@ def test_train_and_eval_steps_are_traced_once_across_epochs_and_evaluations(cfg,
     assert trainer.train_step.experimental_get_tracing_count() == 1
     assert trainer.eval_step.experimental_get_tracing_count() == 1
     assert trainer.step == steps_per_epoch + 2
+
+
+def test_shuffle_buffers_are_bounded_by_shuffle_mb():
+    pipeline = Pipeline(batch_size=8, cache="none", shuffle_buffer=None, shuffle_mb=1.0, seed=0, deterministic=True)
+    assert pipeline.buffer(count=112_120, element_bytes=120) == 8_333  # 1 MB of path records
+    assert pipeline.buffer(count=100, element_bytes=120) == 100  # a small split is shuffled whole
+    images = Pipeline(8, "memory", None, 256.0, 0, True)
+    assert images.buffer(count=45_000, element_bytes=415 * 482 * 3) == 426  # decoded DET images, 256 MB
+    assert Pipeline(8, "none", 32, 1.0, 0, True).buffer(count=100, element_bytes=10**9) == 32
+
+
+def test_workers_read_disjoint_shares_of_the_training_rows(tables):
+    """Under a multi-worker InputContext each worker's pipeline reads its own rows, and together all of them."""
+    cfg = compose(*OVERRIDES, "pipeline.cache=memory", "deterministic=true")
+    seen = []
+    for worker in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker)
+        data = make_input(cfg, tables["train"], training=True, split="train", context=context)
+        assert data.element_spec[0].shape[0] == 4  # half of the global batch of 8
+        epoch = len(tables["train"]) // 2 // 4
+        seen.append({image.tobytes() for batch, _, _ in data.take(epoch).as_numpy_iterator() for image in batch})
+    assert seen[0] and seen[1] and not seen[0] & seen[1]

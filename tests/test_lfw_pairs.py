@@ -15,7 +15,7 @@ from data.errors import ConfigError, DatasetError
 from data.samples.lfw_pairs import make_sample
 from data.skipped import SkipLog
 from experiments.runner import check_config
-from tests.conftest import compose, run_cli
+from tests.conftest import compose, run_cli, task_of
 
 
 def test_real_pairs_txt_is_ten_folds_of_300_same_and_300_different(real):
@@ -64,7 +64,7 @@ def real_tree(tmp_path, real):
 
 def test_index_reads_a_funneled_tree_and_skips_pairs_with_missing_images(real_tree):
     skipped = SkipLog()
-    tables = lfw_pairs.index(real_tree, compose("dataset=lfw_pairs"), skipped)
+    tables = task_of(compose("dataset=lfw_pairs")).index(real_tree, skipped)
     validation = tables["validation"]
     assert validation.label.tolist() == [1, 0]
     assert validation.path_a[0].endswith("lfw-deepfunneled/Anthony_Hopkins/Anthony_Hopkins_0001.jpg")
@@ -77,10 +77,10 @@ def test_index_reads_a_funneled_tree_and_skips_pairs_with_missing_images(real_tr
 
 def test_real_jpegs_and_a_grayscale_one_load_as_rgb_at_the_configured_size(real_tree):
     cfg = compose("dataset=lfw_pairs", "pipeline.image_size=40", "dataset.crop_fraction=0.6")
-    validation = lfw_pairs.index(real_tree, cfg, SkipLog())["validation"]
+    validation = task_of(cfg).index(real_tree, SkipLog())["validation"]
     different = {column: tf.constant(validation[column][1]) for column in ("path_a", "path_b", "label")}
     assert different["path_b"].numpy().decode().endswith("Zico_0001.jpg")  # the grayscale one
-    (image_a, image_b), label = lfw_pairs.load(different, cfg)
+    (image_a, image_b), label = task_of(cfg).load(different)
     assert image_a.shape == image_b.shape == (40, 40, 3)
     assert image_a.dtype == image_b.dtype == tf.uint8
     assert label.numpy().tolist() == [0.0]
@@ -145,7 +145,7 @@ def test_sample_is_deterministic(sample, tmp_path):
 
 @pytest.fixture(scope="module")
 def sample_tables(sample):
-    return lfw_pairs.index(sample, compose("dataset=lfw_pairs"), SkipLog())
+    return task_of(compose("dataset=lfw_pairs")).index(sample, SkipLog())
 
 
 def _people(paths):
@@ -153,7 +153,7 @@ def _people(paths):
 
 
 def _draw(table, seed, count):
-    records = lfw_pairs.train_records(table, compose("dataset=lfw_pairs"), seed).take(count)
+    records = task_of(compose("dataset=lfw_pairs")).train_records(table, seed).take(count)
     drawn = {key: [] for key in ("path_a", "path_b", "label")}
     for batch in records.batch(count):
         for key in drawn:
@@ -183,7 +183,7 @@ def test_training_pairs_depend_only_on_the_seed(sample_tables):
 
 
 def test_sampler_iterator_checkpoint_restores_the_next_element(sample_tables, tmp_path):
-    records = lfw_pairs.train_records(sample_tables["train"], compose("dataset=lfw_pairs"), 3).batch(4)
+    records = task_of(compose("dataset=lfw_pairs")).train_records(sample_tables["train"], 3).batch(4)
     iterator = iter(records)
     for _ in range(5):
         next(iterator)
@@ -196,7 +196,7 @@ def test_sampler_iterator_checkpoint_restores_the_next_element(sample_tables, tm
 
 def test_evaluation_selects_dev_test_or_pairs_folds(sample):
     def tables(*overrides):
-        return lfw_pairs.index(sample, compose("dataset=lfw_pairs", *overrides), SkipLog())
+        return task_of(compose("dataset=lfw_pairs", *overrides)).index(sample, SkipLog())
 
     dev = tables()["validation"]
     assert len(dev) == 2 * int((sample / "pairsDevTest.txt").read_text().split()[0])
@@ -227,11 +227,11 @@ def test_ten_fold_protocol_matches_a_direct_computation():
         train_accuracy = [accuracy_score(labels[~test], scores[~test] >= t) for t in candidates]
         threshold = candidates[int(np.argmax(train_accuracy))]
         accuracies.append(accuracy_score(labels[test], scores[test] >= threshold))
-    result = lfw_pairs.protocol_metrics(table, scores)
+    result = task_of(compose("dataset=lfw_pairs")).protocol_metrics(table, scores)
     assert result["ten_fold_accuracy_mean"] == pytest.approx(np.mean(accuracies))
     assert result["ten_fold_accuracy_std"] == pytest.approx(np.std(accuracies, ddof=1))
     assert 0.6 < result["ten_fold_accuracy_mean"] < 0.9
-    assert lfw_pairs.protocol_metrics(table[table.fold == 0], scores[:30]) == {}
+    assert task_of(compose("dataset=lfw_pairs")).protocol_metrics(table[table.fold == 0], scores[:30]) == {}
 
 
 def test_configs_pair_the_siamese_cnn_with_lfw_only():

@@ -18,11 +18,11 @@ def batch(seed=0, shape=(8, 16, 20, 3)):
 
 @pytest.fixture
 def det():
-    return Preprocessing(compose("dataset=imagenet_det"))  # flips, per-image standardisation
+    return Preprocessing.from_config(compose("dataset=imagenet_det"))  # flips, per-image standardisation
 
 
 def test_unit_range_maps_uint8_to_minus_one_one():
-    preprocess = Preprocessing(compose("dataset=chest_xray"))
+    preprocess = Preprocessing.from_config(compose("dataset=chest_xray"))
     images = tf.constant([[[[0]], [[255]]]], tf.uint8)
     np.testing.assert_allclose(preprocess(images, training=False).numpy().ravel(), [-1.0, 1.0])
     augmented = preprocess(batch(shape=(4, 8, 8, 1)), training=True, step=tf.constant(3, tf.int64)).numpy()
@@ -48,7 +48,7 @@ def test_training_draws_are_seeded_by_the_step(det):
 
 def test_flips_and_brightness_vary_per_image():
     cfg = compose("dataset=imagenet_det", "dataset.normalize=unit_range")
-    preprocess = Preprocessing(cfg)
+    preprocess = Preprocessing.from_config(cfg)
     images = tf.repeat(batch(shape=(1, 6, 10, 3)), 64, axis=0)  # one image, 64 times
     out = preprocess(images, training=True, step=tf.constant(1, tf.int64)).numpy()
     plain = preprocess(images, training=False).numpy()[0]
@@ -61,7 +61,7 @@ def test_flips_and_brightness_vary_per_image():
 
 
 def test_pairs_are_augmented_independently():
-    preprocess = Preprocessing(compose("dataset=lfw_pairs"))
+    preprocess = Preprocessing.from_config(compose("dataset=lfw_pairs"))
     images = batch()
     first, second = preprocess((images, images), training=True, step=tf.constant(2, tf.int64))
     assert not np.array_equal(first.numpy(), second.numpy())
@@ -73,7 +73,7 @@ from experiments import strategies
 from tests.conftest import compose
 strategy = strategies.make_strategy(compose("strategy=mirrored").strategy)  # two logical CPUs
 from data.preprocessing import Preprocessing
-preprocess = Preprocessing(compose("dataset=imagenet_det"))
+preprocess = Preprocessing.from_config(compose("dataset=imagenet_det"))
 images = tf.constant(np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), np.uint8))
 out = strategy.run(tf.function(lambda: preprocess(images, training=True, step=tf.constant(1, tf.int64))))
 first, second = (t.numpy() for t in strategy.experimental_local_results(out))
@@ -91,4 +91,4 @@ def test_replicas_draw_differently():
 
 def test_an_unknown_normalisation_is_a_config_error():
     with pytest.raises(ConfigError, match="dataset.normalize"):
-        Preprocessing(compose("dataset=chest_xray", "dataset.normalize=zscore"))
+        Preprocessing.from_config(compose("dataset=chest_xray", "dataset.normalize=zscore"))

@@ -13,11 +13,11 @@ import pytest
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from data import DATASETS, tfrecords
+from data import TASKS
 from data.errors import ConfigError
-from data.input_fn import dataset_module, input_fn, load_tables, records
-from data.skipped import SkipLog
-from tests.conftest import PROJECT, compose
+from data.sources import TableRecords
+from data.tfrecords import layout, writer
+from tests.conftest import PROJECT, compose, convert_shards, make_input, read_shards, tables_of, task_of
 
 SMALL = ("pipeline.image_size=32", "pipeline.batch_size=8")
 ENCODINGS = ("encoded", "raw")
@@ -36,7 +36,7 @@ def converted(tmp_path_factory):
     def convert(dataset, encoding):
         if (dataset, encoding) not in done:
             cfg = _cfg(dataset, tmp_path_factory.mktemp(f"{dataset}-{encoding}"), encoding)
-            done[dataset, encoding] = cfg, tfrecords.convert(cfg), load_tables(cfg, SkipLog())
+            done[dataset, encoding] = cfg, convert_shards(cfg), tables_of(cfg)
         return done[dataset, encoding]
 
     return convert
@@ -91,7 +91,7 @@ def test_manifest_records_every_split_shard_and_count(converted, encoding):
 
 def test_shards_aim_at_the_configured_size(tmp_path):
     cfg = _cfg("chest_xray", tmp_path, "encoded", "tfrecord.shard_mb=2")
-    manifest = tfrecords.convert(cfg)
+    manifest = convert_shards(cfg)
     validation = manifest["splits"]["validation"]
     total = sum(shard["bytes"] for shard in validation["shards"])
     assert len(validation["shards"]) == -(-total // 2_000_000)  # ceil: about 2 MB each
@@ -99,28 +99,24 @@ def test_shards_aim_at_the_configured_size(tmp_path):
 
 
 def test_train_shards_split_across_workers_from_tf_config(converted, monkeypatch):
-    def tf_config(index):
-        return json.dumps({"cluster": {"worker": [f"localhost:{2000 + i}" for i in range(3)]},
-                           "task": {"type": "worker", "index": index}})
-
     cfg, manifest, tables = converted("chest_xray", "raw")
-    monkeypatch.setenv("TF_CONFIG", tf_config(0))
-    plan = tfrecords._plan(_override(cfg, "tfrecord.min_shards_per_worker=4"), "train", tables["train"],
-                           dataset_module(cfg))
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": [f"localhost:{2000 + i}" for i in range(3)]},
+                                                "task": {"type": "worker", "index": 0}}))
+    settings = layout.TFRecordSettings.from_config(_override(cfg, "tfrecord.min_shards_per_worker=4"))
+    from experiments.strategies import workers
+    plan = writer._plan(task_of(cfg), settings, "train", tables["train"], cfg.seed, workers()[0])
     assert len(plan) == 4 * 3 and sorted(np.concatenate(plan)) == list(range(len(tables["train"])))
 
-    cfg = _override(cfg, "pipeline.cache=memory")  # one finite, shuffled pass, which input_fn caches and repeats
-    everything = {image.tobytes() for image, _ in tfrecords.read(cfg, "train", False, 0).as_numpy_iterator()}
+    everything = {image.tobytes() for image, _ in read_shards(cfg, "train", False).as_numpy_iterator()}
     seen = []
     for index in range(3):
-        monkeypatch.setenv("TF_CONFIG", tf_config(index))
-        seen.append({image.tobytes() for image, _ in tfrecords.read(cfg, "train", True, 0).as_numpy_iterator()})
+        context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=index)
+        seen.append({image.tobytes() for image, _ in read_shards(cfg, "train", True, context=context)
+                     .as_numpy_iterator()})
     assert all(seen) and sum(map(len, seen)) == len(everything) == manifest["splits"]["train"]["count"]
     assert set().union(*seen) == everything
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": [f"localhost:{i}" for i in range(11)]},
-                                                "task": {"type": "worker", "index": 0}}))
     with pytest.raises(ConfigError, match="10 train shards cannot be split across 11 workers"):
-        tfrecords.read(cfg, "train", True, 0)
+        read_shards(cfg, "train", True, context=tf.distribute.InputContext(num_input_pipelines=11))
 
 
 def test_a_killed_conversion_is_ignored_by_readers_and_finished_by_a_rerun(tmp_path, converted):
@@ -130,9 +126,9 @@ def test_a_killed_conversion_is_ignored_by_readers_and_finished_by_a_rerun(tmp_p
     script = textwrap.dedent(f"""
         import os, signal, sys, threading, time
         sys.path.insert(0, {str(PROJECT)!r})
-        from tests.conftest import compose
-        from data import tfrecords
-        hashed, lock, sha256 = [], threading.Lock(), tfrecords._sha256
+        from tests.conftest import compose, convert_shards
+        from data.tfrecords import writer
+        hashed, lock, sha256 = [], threading.Lock(), writer.sha256
         def sha256_then_die(path):  # runs on a finished .tmp shard, before its rename
             with lock:
                 hashed.append(path)
@@ -143,8 +139,8 @@ def test_a_killed_conversion_is_ignored_by_readers_and_finished_by_a_rerun(tmp_p
                 time.sleep(0.5)  # lets the main thread record the four shards renamed so far
                 os.kill(os.getpid(), signal.SIGKILL)
             return sha256(path)
-        tfrecords._sha256 = sha256_then_die
-        tfrecords.convert(compose(*{overrides!r}))
+        writer.sha256 = sha256_then_die
+        convert_shards(compose(*{overrides!r}))
     """)
     killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
@@ -158,9 +154,9 @@ def test_a_killed_conversion_is_ignored_by_readers_and_finished_by_a_rerun(tmp_p
 
     cfg = compose(*overrides)
     with pytest.raises(ConfigError, match="did not finish; run `python -m data.tfrecords dataset=chest_xray`"):
-        tfrecords.read(cfg, "train", True, 0)
+        read_shards(cfg, "train", True, 0)
 
-    manifest = tfrecords.convert(cfg)
+    manifest = convert_shards(cfg)
     assert not list(directory.glob("*.tmp"))
     for name, before in recorded.items():  # recorded whole: kept, not rewritten
         after = os.stat(directory / name)
@@ -172,7 +168,7 @@ def test_a_killed_conversion_is_ignored_by_readers_and_finished_by_a_rerun(tmp_p
 
 def test_a_rerun_rewrites_only_a_damaged_shard_and_readers_ignore_tmp_files(tmp_path):
     cfg = _cfg("chest_xray", tmp_path, "encoded")
-    manifest = tfrecords.convert(cfg)
+    manifest = convert_shards(cfg)
     shards = [tmp_path / shard["file"] for entry in manifest["splits"].values() for shard in entry["shards"]]
     damaged = shards[3]
     content = bytearray(damaged.read_bytes())
@@ -180,13 +176,13 @@ def test_a_rerun_rewrites_only_a_damaged_shard_and_readers_ignore_tmp_files(tmp_
     damaged.write_bytes(bytes(content))
     stray = tmp_path / "train-00004-of-00010.tfrecord.tmp"
     stray.write_bytes(b"half a shard")
-    tables = load_tables(cfg, SkipLog())
+    tables = tables_of(cfg)
     # The reader takes its file list from the manifest, never from the folder.
-    assert sum(1 for _ in tfrecords.read(cfg, "validation", False, 0, tables["validation"])) == len(
+    assert sum(1 for _ in read_shards(cfg, "validation", False, 0, tables["validation"])) == len(
         tables["validation"])
     before = {path: os.stat(path) for path in shards}
 
-    again = tfrecords.convert(cfg)
+    again = convert_shards(cfg)
     assert again == manifest and _sha256(damaged) == manifest["splits"]["train"]["shards"][3]["sha256"]
     rewritten = [path for path in shards if os.stat(path).st_ino != before[path].st_ino]
     assert rewritten == [damaged]
@@ -194,9 +190,9 @@ def test_a_rerun_rewrites_only_a_damaged_shard_and_readers_ignore_tmp_files(tmp_
 
 
 def test_pair_tables_store_one_image_feature_set_per_path_column():
-    assert [tfrecords.image_prefix(column) for column in ("path", "path_a", "path_b")] == ["image", "image_a",
+    assert [layout.image_prefix(column) for column in ("path", "path_a", "path_b")] == ["image", "image_a",
                                                                                           "image_b"]
-    spec = tfrecords.feature_spec(["path_a", "path_b"], [])
+    spec = layout.feature_spec(["path_a", "path_b"], [])
     assert {"image_a/encoded", "image_b/encoded", "image_a/filename", "image_b/height"} <= set(spec)
     assert spec["pair/label"] == {"dtype": "int64", "shape": []} and "image/class/label" not in spec
 
@@ -217,13 +213,13 @@ def test_bad_encoding_is_one_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
-@pytest.mark.parametrize("dataset", sorted(DATASETS))
+@pytest.mark.parametrize("dataset", sorted(TASKS))
 def test_reader_gives_what_the_file_pipeline_gives(converted, dataset, encoding):
     cfg, manifest, tables = converted(dataset, encoding)
-    module = dataset_module(cfg)
+    task = task_of(cfg)
     for split in manifest["splits"]:
-        files = records(tables[split]).map(lambda record: module.load(record, cfg))
-        shards = tfrecords.read(cfg, split, False, 0, tables[split])
+        files = TableRecords(task, tables[split]).records(seed=0).map(task.load)
+        shards = read_shards(cfg, split, False, 0, tables[split])
         assert shards.element_spec == files.element_spec
         if split == "validation":
             # In table order, pixel for pixel what load makes (raw: stored by it; encoded: decoded here).
@@ -233,8 +229,8 @@ def test_reader_gives_what_the_file_pipeline_gives(converted, dataset, encoding)
 
     files_cfg = compose(f"dataset={dataset}", *SMALL)
     for training, split in ((True, "train"), (False, "validation")):
-        from_files = input_fn(files_cfg, tables[split], training, split)
-        from_shards = input_fn(_override(cfg, "pipeline.source=tfrecord"), tables[split], training, split)
+        from_files = make_input(files_cfg, tables[split], training, split)
+        from_shards = make_input(_override(cfg, "pipeline.source=tfrecord"), tables[split], training, split)
         assert from_shards.element_spec == from_files.element_spec
         next(iter(from_shards))
 
@@ -244,12 +240,14 @@ def test_training_stream_is_shuffled_endless_and_whole_per_epoch(converted):
     count = manifest["splits"]["train"]["count"]
 
     def two_epochs(seed):
-        stream = [image.tobytes() for image, _ in tfrecords.read(cfg, "train", True, seed).take(2 * count)
-                  .as_numpy_iterator()]
+        shards = _override(cfg, "pipeline.source=tfrecord", "pipeline.batch_size=1", "deterministic=true",
+                           f"seed={seed}")
+        stream = [image.tobytes() for image, _, _ in make_input(shards, tables["train"], True, "train").unbatch()
+                  .take(2 * count).as_numpy_iterator()]
         return stream[:count], stream[count:]
 
     first, second = two_epochs(7)
-    stored = [image.tobytes() for image, _ in tfrecords.read(cfg, "train", False, 0).as_numpy_iterator()]
+    stored = [image.tobytes() for image, _ in read_shards(cfg, "train", False).as_numpy_iterator()]
     assert sorted(first) == sorted(second) == sorted(stored)  # each epoch is the whole split
     assert first != stored and first != second  # shuffled, and reshuffled every epoch
     assert two_epochs(7) == (first, second)  # seeded: a pipeline built again gives the same stream
@@ -261,12 +259,12 @@ def test_a_restored_input_checkpoint_resumes_the_exact_stream(converted, encodin
     """The runner saves the input iterator with trainer.checkpoint_input; shards must resume exactly."""
     cfg, _, tables = converted("chest_xray", encoding)
     cfg = _override(cfg, "pipeline.source=tfrecord", "deterministic=true")
-    iterator = iter(input_fn(cfg, tables["train"], True, "train"))
+    iterator = iter(make_input(cfg, tables["train"], True, "train"))
     for _ in range(10):
         next(iterator)
     saved = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
     expected = [next(iterator) for _ in range(3)]
-    restored = iter(input_fn(cfg, tables["train"], True, "train"))
+    restored = iter(make_input(cfg, tables["train"], True, "train"))
     tf.train.Checkpoint(iterator=restored).restore(saved)
     for batch in expected:
         for a, b in zip(tf.nest.flatten(batch), tf.nest.flatten(next(restored)), strict=True):
@@ -277,19 +275,19 @@ def test_raw_shards_at_another_size_are_a_config_error(converted):
     cfg, _, _ = converted("chest_xray", "raw")
     other = _override(cfg, "pipeline.image_size=48")
     with pytest.raises(ConfigError, match=r"pipeline.image_size=48, but the raw shards .* hold 32-pixel images"):
-        tfrecords.read(other, "validation", False, 0)
+        read_shards(other, "validation", False, 0)
 
 
 def test_shards_of_another_encoding_or_none_at_all_are_config_errors(converted, tmp_path):
     cfg, _, tables = converted("chest_xray", "encoded")
     raw = _override(cfg, "tfrecord.encoding=raw")
     with pytest.raises(ConfigError, match="tfrecord.encoding=raw, but .* holds encoded shards"):
-        tfrecords.read(raw, "validation", False, 0)
+        read_shards(raw, "validation", False, 0)
     empty = _override(cfg, f"tfrecord.dir={tmp_path}", "pipeline.source=tfrecord")
     with pytest.raises(ConfigError, match="run `python -m data.tfrecords dataset=chest_xray` first"):
-        input_fn(empty, tables["validation"], False, "validation")
+        make_input(empty, tables["validation"], False, "validation")
     with pytest.raises(ConfigError, match="do not match the dataset's validation split"):
-        tfrecords.read(cfg, "validation", False, 0, tables["validation"].iloc[1:])
+        read_shards(cfg, "validation", False, 0, tables["validation"].iloc[1:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,9 +382,9 @@ def test_an_independent_tfrecord_reader_agrees(converted, encoding, tmp_path):
             assert image["same_bytes"] and image["same_pixels"] and image["format"] == "png", image
             assert image["header"] == image["pil"], image
         return
-    load = dataset_module(cfg).load
+    task = task_of(cfg)
     for k, image in enumerate(report["images"]):
         assert image["shape"] == [32, 32, 1]
         table = next(t for t in tables.values() if image["filename"] in set(t.path))
-        record = records(table[table.path == image["filename"]]).get_single_element()
-        np.testing.assert_array_equal(np.load(tmp_path / f"{k}.npy"), load(record, cfg)[0].numpy())
+        record = TableRecords(task, table[table.path == image["filename"]]).records(seed=0).get_single_element()
+        np.testing.assert_array_equal(np.load(tmp_path / f"{k}.npy"), task.load(record)[0].numpy())

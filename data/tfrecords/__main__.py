@@ -1,0 +1,29 @@
+"""`python -m data.tfrecords dataset=... [tfrecord.encoding=raw ...]`: converts a dataset to TFRecord shards.
+
+The converter's command line; a config error is one line on stderr and exit
+status 2, as for run.py. As an entry point it may use the command line's
+conventions in experiments/; the data package itself never does.
+"""
+import sys
+
+import hydra
+
+from data import task_from_config
+from data.tfrecords.layout import TFRecordSettings
+from data.tfrecords.writer import convert
+from experiments import cli, strategies
+
+
+def convert_configured(cfg):
+    workers, _ = strategies.workers()
+    convert(task_from_config(cfg), TFRecordSettings.from_config(cfg), int(cfg.seed), cfg.pipeline.verify_images,
+            workers)
+
+
+@hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
+def main(cfg):
+    cli.guarded(convert_configured, cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(cli.exit_code(main))

@@ -1,0 +1,244 @@
+"""The TFRecord converter: every split of a dataset's index into shards under tfrecord.dir.
+
+``encoded`` records hold the original file bytes; ``raw`` records hold the uint8
+pixels the task's own ``load`` produces, so reading them needs no decode. Shards
+are written under a ``.tmp`` name and renamed when whole, and the manifest is
+updated as each completes, so a killed conversion leaves nothing a reader takes
+for data and a re-run writes only the shards still missing.
+"""
+import io
+import json
+import logging
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+from tqdm import tqdm
+
+from data.skipped import SkipLog
+from data.sources import TableRecords
+from data.tables import load_tables, path_columns
+from data.tfrecords.layout import (FORMAT_VERSION, MANIFEST, SHARD_NAME, TFRecordSettings, feature_spec, fingerprint,
+                                   image_prefix, label_key, label_shape_of, preprocessing, sha256, shard_name,
+                                   write_json)
+
+log = logging.getLogger("data.tfrecords")
+_MB = 1_000_000
+# Magic numbers of the formats tf.io.decode_image reads; the file name may lie (PNGs named .jpg).
+_FORMATS = ((b"\x89PNG", "png"), (b"\xff\xd8", "jpeg"), (b"GIF8", "gif"), (b"BM", "bmp"))
+
+
+def _plan(task, settings: TFRecordSettings, split, table, seed, workers) -> list:
+    """Row indices per shard: shards aim at tfrecord.shard_mb and number enough for every worker.
+
+    Training rows are shuffled into shards (indexes are often sorted by class or
+    patient, and a reader mixes only a few shards at a time); evaluation shards
+    keep table order, which evaluation and predict rely on.
+    """
+    columns = path_columns(table)
+    if settings.encoding == "raw":
+        height, width = task.decode.size
+        size = len(table) * len(columns) * height * width * task.SPEC.channels
+    else:
+        size = sum(os.path.getsize(path) for column in columns for path in table[column])
+    count = math.ceil(size / (settings.shard_mb * _MB))
+    if split == "train":
+        count = max(count, settings.min_shards_per_worker * workers)
+    count = max(1, min(count, len(table)))
+    order = np.random.default_rng(seed).permutation(len(table)) if split == "train" else np.arange(len(table))
+    return np.array_split(order, count)
+
+
+def _image_format(contents: bytes) -> str:
+    return next((name for magic, name in _FORMATS if contents.startswith(magic)), "unknown")
+
+
+def _encoded_image(path):
+    """The features of one image file stored as its original bytes."""
+    with open(path, "rb") as f:
+        contents = f.read()
+    try:
+        with Image.open(io.BytesIO(contents)) as image:  # reads the header only
+            (width, height), channels = image.size, len(image.getbands())
+    except OSError:  # a format PIL cannot parse but TensorFlow decodes; sizes are informative only
+        width = height = channels = 0
+    return contents, _image_format(contents), height, width, channels
+
+
+def _stored_images(task, encoding, rows):
+    """(row position, [(contents, format, height, width, channels) per path column]) of each row to store."""
+    columns = path_columns(rows)
+    if encoding == "encoded":
+        for i in range(len(rows)):
+            yield i, [_encoded_image(rows[column].iloc[i]) for column in columns]
+        return
+    # raw: the task's own load, so shards hold exactly the pixels the file pipeline makes.
+    data = TableRecords(task, rows).records(seed=0).enumerate()
+    data = data.map(lambda i, record: (i, task.load(record)[0]), num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=True)
+    for i, pixels in data.ignore_errors().as_numpy_iterator():  # a row whose load fails is left out
+        yield i, [(image.tobytes(), "raw", *image.shape) for image in (pixels if isinstance(pixels, tuple)
+                                                                         else (pixels,))]
+
+
+def _serialize(features: dict) -> bytes:
+    def feature(value):
+        if isinstance(value, bytes):
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=np.ravel(value).astype(np.int64).tolist()))
+
+    example = tf.train.Example(features=tf.train.Features(feature={key: feature(value)
+                                                                   for key, value in features.items()}))
+    # Map order is otherwise not fixed, and equal shards must hash equal for a re-run to reuse them.
+    return example.SerializeToString(deterministic=True)
+
+
+def _examples(task, encoding, rows, skipped):
+    """Serialized examples of `rows` (a table slice), in row order."""
+    columns = path_columns(rows)
+    key = label_key(len(columns) > 1)
+    labels = rows.label.tolist() if "label" in rows.columns else None
+    stored = set()
+    for i, stored_images in _stored_images(task, encoding, rows):
+        stored.add(i)
+        features = {}
+        for column, (contents, image_format, height, width, channels) in zip(columns, stored_images):
+            prefix = image_prefix(column)
+            features.update({f"{prefix}/encoded": contents, f"{prefix}/format": image_format.encode(),
+                             f"{prefix}/height": height, f"{prefix}/width": width, f"{prefix}/channels": channels,
+                             f"{prefix}/filename": str(rows[column].iloc[i]).encode()})
+        if labels is not None:
+            features[key] = labels[i]
+        yield _serialize(features)
+    for i in sorted(set(range(len(rows))) - stored):
+        skipped.add(rows[columns[0]].iloc[i], "undecodable image (raw TFRecord conversion)")
+
+
+def _write_shard(task, encoding, rows, path: Path, progress, skipped) -> dict:
+    """Writes one shard under a temporary name and renames it when whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    count = 0
+    with tf.io.TFRecordWriter(str(tmp)) as writer:
+        for record in _examples(task, encoding, rows, skipped):
+            writer.write(record)
+            count += 1
+            progress.update(1)
+    digest = sha256(tmp)
+    os.replace(tmp, path)
+    return {"file": path.name, "count": count, "bytes": path.stat().st_size, "sha256": digest}
+
+
+def _identity(manifest) -> dict:
+    """What decides a manifest's shard contents; shards of an equal identity can be reused."""
+    same = {key: value for key, value in manifest.items() if key not in ("splits", "complete")}
+    same["splits"] = {split: (entry["fingerprint"], [shard["file"] for shard in entry["shards"]])
+                      for split, entry in manifest["splits"].items()}
+    return same
+
+
+def _reusable(directory: Path, old: dict) -> bool:
+    """Whether a shard that the manifest `old` records as complete is on disk, whole and unchanged."""
+    path = directory / old["file"]
+    return (old.get("sha256") is not None and path.exists() and path.stat().st_size == old["bytes"]
+            and sha256(path) == old["sha256"])
+
+
+def _planned_manifest(task, settings: TFRecordSettings, tables, seed, workers):
+    """The manifest this conversion will write, its shards not yet written, and a (split, shard, rows) job each."""
+    raw = settings.encoding == "raw"
+    manifest = {"format_version": FORMAT_VERSION, "dataset": task.SPEC.name, "encoding": settings.encoding,
+                # raw pixels are valid only for the size and resize method they were made with
+                "image_size": list(task.decode.size) if raw else None,
+                "preprocessing": preprocessing(task) if raw else None,
+                "channels": task.SPEC.channels, "seed": seed, "splits": {}, "complete": False}
+    jobs = []
+    for split, table in tables.items():
+        if split == "train" and task.DRAWS_TRAINING_RECORDS:
+            # Drawn afresh every step from the image files (LFW's pairs); no fixed records to store.
+            log.info("Not converting %s's train split: its training examples are drawn from the image files",
+                     task.SPEC.name)
+            continue
+        shards = _plan(task, settings, split, table, seed, workers)
+        columns, label_shape = path_columns(table), label_shape_of(table)
+        manifest["splits"][split] = {
+            "count": None, "fingerprint": fingerprint(table), "path_columns": columns, "label_shape": label_shape,
+            "feature_spec": feature_spec(columns, label_shape),
+            "shards": [{"file": shard_name(split, i, len(shards)), "count": None, "bytes": None, "sha256": None}
+                       for i in range(len(shards))]}
+        jobs += [(split, i, table.iloc[rows]) for i, rows in enumerate(shards)]
+    return manifest, jobs
+
+
+def _reuse_complete_shards(directory: Path, manifest: dict, jobs: list) -> list:
+    """Takes over the shards of an earlier run of the same plan that are whole; returns the jobs left to do.
+
+    Writes the new manifest, with the reused shards recorded, before any shard is written.
+    """
+    old_path = directory / MANIFEST
+    old = json.loads(old_path.read_text()) if old_path.exists() else None
+    if old is not None and _identity(old) != _identity(manifest):
+        log.warning("%s describes other shards (another encoding, size, dataset or shard plan); rewriting all",
+                    old_path)
+        old = None
+    pending = []
+    for split, i, rows in jobs:
+        shard = manifest["splits"][split]["shards"][i]
+        previous = old["splits"][split]["shards"][i] if old else None
+        if previous and _reusable(directory, previous):
+            shard.update(previous)
+        else:
+            pending.append((split, i, rows))
+    # Files of an earlier plan would only waste space; leftovers of a killed run are rewritten.
+    planned = {shard["file"] for entry in manifest["splits"].values() for shard in entry["shards"]}
+    for path in directory.iterdir():
+        if SHARD_NAME.fullmatch(path.name) and path.name not in planned:
+            path.unlink()
+    write_json(old_path, manifest)
+    return pending
+
+
+def convert(task, settings: TFRecordSettings, seed, verify_images=True, workers=1) -> dict:
+    """Writes the shards and manifest of every split of `task`'s dataset; returns the manifest.
+
+    Args:
+        task: the dataset's Task; its decode settings make raw pixels.
+        settings: the tfrecord.* settings and the dataset root.
+        seed: the split and shard-assignment seed.
+        verify_images: leave out images that do not decode (data.tables.load_tables).
+        workers: training workers (TF_CONFIG); the train split gets min_shards_per_worker each.
+
+    Re-running with the same dataset and settings writes only the shards that are
+    missing or do not match the manifest's sha256.
+    """
+    directory = settings.directory
+    directory.mkdir(parents=True, exist_ok=True)
+    skipped = SkipLog()
+    tables = load_tables(task, settings.dataset_root, verify_images, skipped)
+    manifest, jobs = _planned_manifest(task, settings, tables, seed, workers)
+    encoding = settings.encoding
+
+    pending = _reuse_complete_shards(directory, manifest, jobs)
+    log.info("Converting %s to %s TFRecords in %s: %d of %d shards to write", task.SPEC.name, encoding,
+             directory, len(pending), len(jobs))
+    total = sum(len(rows) for _, _, rows in pending)
+    with tqdm(total=total, desc=f"writing {encoding} TFRecords", unit="img") as progress, \
+            ThreadPoolExecutor(max(os.cpu_count() or 1, 2)) as pool:
+        futures = {pool.submit(_write_shard, task, encoding, rows,
+                               directory / manifest["splits"][split]["shards"][i]["file"], progress, skipped):
+                   (split, i) for split, i, rows in pending}
+        for future in as_completed(futures):
+            split, i = futures[future]
+            manifest["splits"][split]["shards"][i].update(future.result())
+            write_json(directory / MANIFEST, manifest)  # progress survives a kill; complete shards are reused
+    for entry in manifest["splits"].values():
+        entry["count"] = sum(shard["count"] for shard in entry["shards"])
+    manifest["complete"] = True
+    write_json(directory / MANIFEST, manifest)
+    skipped.write(directory / "skipped.csv")
+    for split, entry in manifest["splits"].items():
+        log.info("%s: %d examples in %d shards", split, entry["count"], len(entry["shards"]))
+    return manifest

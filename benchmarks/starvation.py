@@ -116,7 +116,8 @@ def print_report(timer, alone, batch_size, load):
     print(f"  (the real feed's decoding shares the cores with the model: {extra_cpu:+.2f} CPU-s per step, "
           f"{extra_cpu / statistics.median(timer.cpu['cached']):+.1%} of the step's own CPU time)")
     fraction = timer.wait_fraction("real")
-    band = "not input-bound" if fraction < 0.05 else "moderately input-bound" if fraction < 0.2 else "highly input-bound"
+    band = ("not input-bound" if fraction < 0.05 else "moderately input-bound" if fraction < 0.2
+            else "highly input-bound")
     print(target_line("input_wait_fraction (real)", fraction, 0.05, "<=") + f"   ({band})")
 
 

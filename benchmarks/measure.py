@@ -309,7 +309,7 @@ def ratio_text(ratios):
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
 
 
-def target_line(name, ratios, target, op=">="):
+def target_line(name, ratios, target, op=">=", rounds="rounds"):
     """One ratio's line: the median of per-round ratios, their spread, and the target's verdict.
     `ratios` may also be one number (a fraction with no rounds), printed without a spread."""
     if ratios is None or (not isinstance(ratios, (int, float)) and not ratios):
@@ -318,7 +318,7 @@ def target_line(name, ratios, target, op=">="):
         value, line = ratios, f"  {name:<26} {ratios:8.2f}"
     else:
         value = statistics.median(ratios)
-        line = f"  {name:<26} {value:8.2f}   ({min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} rounds)"
+        line = f"  {name:<26} {value:8.2f}   ({min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} {rounds})"
     if target is None:
         return line
     verdict = "PASS" if (value >= target if op == ">=" else value <= target) else "MISS"

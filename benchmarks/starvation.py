@@ -110,7 +110,7 @@ def print_report(timer, alone, batch_size, load):
           f"({batch_size / per_batch:,.0f} images/s); the model step (fed from cache) takes {cached_step:.3f} s, "
           f"{cached_step / per_batch:.1f}× as long" + ("" if cached_step >= per_batch else
                                                          " -- SHORTER than the pipeline: input-bound by design"))
-    print(target_line("real ÷ cached step time", timer.block_ratios(), 1.05, "<=") +
+    print(target_line("real ÷ cached step time", timer.block_ratios(), 1.05, "<=", "blocks") +
           f"   (ratio of medians {real_step / cached_step:.2f})")
     extra_cpu = statistics.median(timer.cpu["real"]) - statistics.median(timer.cpu["cached"])
     print(f"  (the real feed's decoding shares the cores with the model: {extra_cpu:+.2f} CPU-s per step, "

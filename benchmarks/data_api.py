@@ -1,0 +1,113 @@
+"""The benchmarks' only contact with the project's config and data API.
+
+Every call into `data.*` (dataset modules, `load_tables`, `path_columns`, `input_fn`, the TFRecord
+converter's command line) and the Hydra config composition lives in the small functions below, so a
+change of that API is adapted here and nowhere else. The rest of `benchmarks/` sees plain values:
+a `DatasetInfo`, a `tf.data.Dataset` of training batches, a command line.
+"""
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DATASETS = ("chest_xray", "lfw_pairs", "imagenet_det")
+
+
+@dataclass
+class DatasetInfo:
+    """What the benchmarks need to know about a dataset's training split, as plain values.
+
+    Attributes:
+        spec: the dataset's DatasetSpec (`channels`, `paired`, `name`, ...).
+        table: the training split's index table (a DataFrame, one row per example).
+        path_columns: the table's image path columns (`path`, or `path_a`, `path_b`).
+        sampled: True when training examples are pairs drawn afresh (LFW), not the table's rows.
+        size: (height, width) that the pipeline resizes to.
+        method: `resize` or `crop_or_pad` (dataset.resize).
+        crop_fraction: the central fraction kept before resizing, or None.
+        wnids: ImageNet DET's class ids in label order; None elsewhere.
+    """
+
+    spec: object
+    table: object
+    path_columns: list
+    sampled: bool
+    size: tuple
+    method: str
+    crop_fraction: object
+    wnids: tuple = None
+
+
+# ----- data API adapter: config --------------------------------------------------------------
+
+
+def compose_cfg(dataset, batch_size, image_size, *overrides):
+    """The project's config for `dataset`, composed with Hydra as `python run.py` would."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose(config_name="config", overrides=[f"dataset={dataset}", f"pipeline.batch_size={batch_size}",
+                                                        f"pipeline.image_size={image_size}", *overrides])
+
+
+def dataset_absent(name):
+    """Why `name` cannot be benchmarked yet, or None when its module and config are in place."""
+    import data as datasets
+
+    if not (ROOT / "data" / f"{name}.py").exists():
+        return f"no data/{name}.py"
+    if name not in datasets.DATASETS:
+        return f"data/{name}.py is not registered in data.DATASETS"
+    if not (ROOT / "conf" / "dataset" / f"{name}.yaml").exists():
+        return f"no conf/dataset/{name}.yaml"
+    return None
+
+
+# ----- data API adapter: the dataset and its training table -----------------------------------
+
+
+def describe(cfg) -> DatasetInfo:
+    """The dataset of `cfg`: its spec, verified training table and decode settings."""
+    from data import images
+    from data.input_fn import dataset_module, load_tables, path_columns
+    from data.skipped import SkipLog
+
+    module = dataset_module(cfg)
+    table = load_tables(cfg, SkipLog())["train"]
+    return DatasetInfo(spec=module.SPEC, table=table, path_columns=path_columns(table),
+                       sampled=hasattr(module, "train_records"), size=images.configured_size(cfg),
+                       method=cfg.dataset.get("resize", "resize"), crop_fraction=cfg.dataset.get("crop_fraction"),
+                       wnids=getattr(module, "WNIDS", None))
+
+
+# ----- data API adapter: the project's training pipeline --------------------------------------
+
+
+def train_input(cfg, table, workdir, seed):
+    """The project's training input for `table` (rows c, d, e, f and the starvation check's real
+    feed): a tf.data.Dataset of (features, labels, weights) uint8 batches, repeated forever."""
+    from data.input_fn import input_fn
+
+    return input_fn(cfg, table, training=True, split="train", model_dir=workdir, seed=seed)
+
+
+# ----- data API adapter: the TFRecord converter ------------------------------------------------
+
+
+def tfrecord_convert_command(name, encoding, directory, image_size, hydra_dir):
+    """The command line that converts `name`'s sample into TFRecord shards under `directory`."""
+    return [sys.executable, "-m", "data.tfrecords", f"dataset={name}", f"tfrecord.encoding={encoding}",
+            f"tfrecord.dir={directory}", f"pipeline.image_size={image_size}", f"hydra.run.dir={hydra_dir}"]
+
+
+def tfrecord_overrides(encoding, directory):
+    """Config overrides that make `train_input` read the shards `tfrecord_convert_command` wrote."""
+    return ["pipeline.source=tfrecord", f"tfrecord.encoding={encoding}", f"tfrecord.dir={directory}"]
+
+
+def memory_cache_overrides():
+    """Config overrides that make `train_input` cache decoded images in memory."""
+    return ["pipeline.cache=memory"]

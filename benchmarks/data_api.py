@@ -1,6 +1,6 @@
 """The benchmarks' only contact with the project's config and data API.
 
-Every call into `data.*` (dataset modules, `load_tables`, `path_columns`, `input_fn`, the TFRecord
+Every call into `data.*` (Tasks, `load_tables`, `path_columns`, `input_fn`, the TFRecord
 converter's command line) and the Hydra config composition lives in the small functions below, so a
 change of that API is adapted here and nowhere else. The rest of `benchmarks/` sees plain values:
 a `DatasetInfo`, a `tf.data.Dataset` of training batches, a command line.
@@ -54,13 +54,11 @@ def compose_cfg(dataset, batch_size, image_size, *overrides):
 
 
 def dataset_absent(name):
-    """Why `name` cannot be benchmarked yet, or None when its module and config are in place."""
-    import data as datasets
+    """Why `name` cannot be benchmarked yet, or None when its Task and config are in place."""
+    import data
 
-    if not (ROOT / "data" / f"{name}.py").exists():
-        return f"no data/{name}.py"
-    if name not in datasets.DATASETS:
-        return f"data/{name}.py is not registered in data.DATASETS"
+    if name not in data.TASKS:
+        return f"no Task named {name} in data.TASKS"
     if not (ROOT / "conf" / "dataset" / f"{name}.yaml").exists():
         return f"no conf/dataset/{name}.yaml"
     return None
@@ -71,16 +69,16 @@ def dataset_absent(name):
 
 def describe(cfg) -> DatasetInfo:
     """The dataset of `cfg`: its spec, verified training table and decode settings."""
-    from data import images
-    from data.input_fn import dataset_module, load_tables, path_columns
+    from data import imagenet_det, task_from_config
     from data.skipped import SkipLog
+    from data.tables import load_tables, path_columns
 
-    module = dataset_module(cfg)
-    table = load_tables(cfg, SkipLog())["train"]
-    return DatasetInfo(spec=module.SPEC, table=table, path_columns=path_columns(table),
-                       sampled=hasattr(module, "train_records"), size=images.configured_size(cfg),
-                       method=cfg.dataset.get("resize", "resize"), crop_fraction=cfg.dataset.get("crop_fraction"),
-                       wnids=getattr(module, "WNIDS", None))
+    task = task_from_config(cfg)
+    table = load_tables(task, cfg.dataset.root, cfg.pipeline.verify_images, SkipLog())["train"]
+    return DatasetInfo(spec=task.SPEC, table=table, path_columns=path_columns(table),
+                       sampled=task.DRAWS_TRAINING_RECORDS, size=task.decode.size, method=task.decode.method,
+                       crop_fraction=task.decode.crop_fraction,
+                       wnids=imagenet_det.WNIDS if isinstance(task, imagenet_det.ImagenetDet) else None)
 
 
 # ----- data API adapter: the project's training pipeline --------------------------------------
@@ -89,9 +87,13 @@ def describe(cfg) -> DatasetInfo:
 def train_input(cfg, table, workdir, seed):
     """The project's training input for `table` (rows c, d, e, f and the starvation check's real
     feed): a tf.data.Dataset of (features, labels, weights) uint8 batches, repeated forever."""
-    from data.input_fn import input_fn
+    from dataclasses import replace
 
-    return input_fn(cfg, table, training=True, split="train", model_dir=workdir, seed=seed)
+    from data import task_from_config
+    from data.input_fn import Pipeline, input_fn
+
+    pipeline = replace(Pipeline.from_config(cfg), seed=seed)
+    return input_fn(task_from_config(cfg), table, pipeline, split="train", training=True, model_dir=workdir)
 
 
 # ----- data API adapter: the TFRecord converter ------------------------------------------------

@@ -74,7 +74,8 @@ def describe(cfg) -> DatasetInfo:
     from data.tables import load_tables, path_columns
 
     task = task_from_config(cfg)
-    table = load_tables(task, cfg.dataset.root, cfg.pipeline.verify_images, SkipLog())["train"]
+    table = load_tables(task, cfg.dataset.root, cfg.pipeline.verify_images, SkipLog(),
+                        cfg.dataset.max_skipped_fraction)["train"]
     return DatasetInfo(spec=task.SPEC, table=table, path_columns=path_columns(table),
                        sampled=task.DRAWS_TRAINING_RECORDS, size=task.decode.size, method=task.decode.method,
                        crop_fraction=task.decode.crop_fraction,

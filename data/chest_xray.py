@@ -38,7 +38,7 @@ _AGE_UNITS = {"Y": 1.0, "M": 1 / 12, "W": 1 / 52, "D": 1 / 365}
 def find_metadata(root: Path) -> Path:
     """Returns the metadata CSV under `root`, preferring the newest release."""
     found = {}
-    for path in root.rglob("*.csv"):
+    for path in root.rglob("*.csv"):  # a metadata file sits at or near the top: no links followed
         name = path.name
         if name.startswith("Data_Entry_2017") or name.startswith("sample_labels"):
             found.setdefault(name, path)
@@ -58,33 +58,57 @@ def parse_age(value) -> float:
     return float(text) if text else float("nan")
 
 
-def multi_hot(findings: str, where: str) -> list:
-    """The 14-finding multi-hot vector of a ``Finding Labels`` cell such as ``Mass|Nodule``."""
+def multi_hot(findings: str) -> list:
+    """The 14-finding multi-hot vector of a ``Finding Labels`` cell such as ``Mass|Nodule``.
+
+    Raises:
+        ValueError: naming a finding that is not one of FINDINGS or ``No Finding``.
+    """
     labels = [0] * len(FINDINGS)
     for finding in str(findings).split("|"):
         finding = finding.strip()
         if finding == NO_FINDING:
             continue
         if finding not in FINDINGS:
-            raise DatasetError(f"{where}: unknown finding {finding!r}; expected one of {', '.join(FINDINGS)} "
-                               f"or {NO_FINDING!r}")
+            raise ValueError(f"unknown finding {finding!r}")
         labels[FINDINGS.index(finding)] = 1
     return labels
 
 
-def read_metadata(csv_path: Path) -> pd.DataFrame:
-    """Parses any variant of the metadata CSV into one row per image."""
+def _parse_row(row) -> dict:
+    """One metadata row by column name, with its ``label``; ValueError names what is wrong."""
+    if len(row) < len(COLUMNS):
+        raise ValueError(f"{len(row)} fields, expected at least {len(COLUMNS)}")
+    fields = dict(zip(COLUMNS, row))
+    try:
+        fields["patient_id"] = int(fields["patient_id"])
+    except ValueError:
+        raise ValueError(f"Patient ID {fields['patient_id']!r} is not an integer") from None
+    try:
+        fields["patient_age"] = parse_age(fields["patient_age"])
+    except ValueError:
+        raise ValueError(f"Patient Age {fields['patient_age']!r} is not an age") from None
+    fields["label"] = multi_hot(fields["findings"])
+    return fields
+
+
+def read_metadata(csv_path: Path, skipped=None) -> pd.DataFrame:
+    """Parses any variant of the metadata CSV into one row per image.
+
+    A row that cannot be used (too few fields, a bad Patient ID or age, an unknown
+    finding) is left out and reported to `skipped` (a SkipLog) with its line and why.
+    """
+    table = []
     with open(csv_path, newline="") as f:
-        rows = list(csv.reader(f))[1:]
-    short = next((line for line, row in enumerate(rows, 2) if row and len(row) < len(COLUMNS)), None)
-    if short is not None:
-        raise DatasetError(f"{csv_path}:{short}: expected at least {len(COLUMNS)} comma-separated fields")
-    table = pd.DataFrame([row[:len(COLUMNS)] for row in rows if row], columns=COLUMNS)
-    table["label"] = [multi_hot(findings, f"{csv_path}:{line} ({image})")
-                      for line, image, findings in zip(range(2, len(table) + 2), table.image, table.findings)]
-    table["patient_id"] = table.patient_id.astype(int)
-    table["patient_age"] = table.patient_age.map(parse_age)
-    return table
+        for line, row in enumerate(csv.reader(f), start=1):
+            if line == 1 or not row:
+                continue  # the header, whose names differ between releases, and blank lines
+            try:
+                table.append(_parse_row(row))
+            except ValueError as error:
+                if skipped is not None:
+                    skipped.add(row[0] if row else "", f"bad metadata: {csv_path.name} line {line}: {error}")
+    return pd.DataFrame(table, columns=[*COLUMNS, "label"])
 
 
 def _read_list(path: Path) -> set:
@@ -122,9 +146,10 @@ class ChestXray(Task):
         """Tables of (path, label) per split; rows whose image file is absent are skipped."""
         root = Path(root)
         csv_path = find_metadata(root)
-        table = read_metadata(csv_path)
+        table = read_metadata(csv_path, skipped)
         files = {}
-        for directory, _, names in os.walk(root):
+        # Kaggle's images_001/ ... folders are often symlinked in from other disks.
+        for directory, _, names in os.walk(root, followlinks=True):
             for name in names:
                 if name.endswith(".png"):
                     files.setdefault(name, os.path.join(directory, name))

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
-from data.errors import ConfigError
+from data.errors import ConfigError, DatasetError
 from data.images import decode
 from data.samples import cache_home, sample_root
 
@@ -34,7 +34,7 @@ def path_columns(table) -> list:
     return sorted(column for column in table.columns if column.startswith("path"))
 
 
-def load_tables(task, root, verify_images, skipped) -> dict:
+def load_tables(task, root, verify_images, skipped, max_skipped_fraction) -> dict:
     """Indexes the dataset once, in Python, and with `verify_images` drops rows whose images do not decode.
 
     Args:
@@ -43,6 +43,11 @@ def load_tables(task, root, verify_images, skipped) -> dict:
         verify_images: decode every image once up front (cached), so a bad file is
             listed in skipped.csv instead of surfacing mid-epoch.
         skipped: the run's SkipLog.
+        max_skipped_fraction: the largest share of the examples that may be skipped
+            (dataset.max_skipped_fraction); more means the data is not what it claims to be.
+
+    Raises:
+        DatasetError: more than `max_skipped_fraction` of the examples were skipped.
     """
     tables = task.index(dataset_root(task, root), skipped)
     if verify_images:
@@ -54,6 +59,11 @@ def load_tables(task, root, verify_images, skipped) -> dict:
                   for name, table in tables.items()}
     for name, table in tables.items():
         log.info("%s split: %d examples", name, len(table))
+    kept = sum(len(table) for table in tables.values())
+    if len(skipped) > max_skipped_fraction * (kept + len(skipped)):
+        raise DatasetError(f"{len(skipped)} of {kept + len(skipped)} examples were skipped ({skipped.summary()}), "
+                           f"more than dataset.max_skipped_fraction={max_skipped_fraction}; fix the data or raise "
+                           f"dataset.max_skipped_fraction (the skipped examples are listed in skipped.csv)")
     return tables
 
 

@@ -79,7 +79,7 @@ def run(cfg):
 
     # Input pipeline: index once, in Python; everything per example happens in tf.data.
     skipped = SkipLog()
-    tables = load_tables(task, cfg.dataset.root, cfg.pipeline.verify_images, skipped)
+    tables = load_tables(task, cfg.dataset.root, cfg.pipeline.verify_images, skipped, cfg.dataset.max_skipped_fraction)
     # Under multi_worker only the chief writes the run directory's files; the others would clash.
     chief = strategies.is_chief(strategy)
     if chief:

@@ -65,7 +65,7 @@ def tables_of(cfg, skipped=None):
     from data.skipped import SkipLog
     from data.tables import load_tables
     return load_tables(task_of(cfg), cfg.dataset.root, cfg.pipeline.verify_images,
-                       SkipLog() if skipped is None else skipped)
+                       SkipLog() if skipped is None else skipped, cfg.dataset.max_skipped_fraction)
 
 
 def make_input(cfg, table, training, split, context=None, model_dir=None):
@@ -81,7 +81,7 @@ def convert_shards(cfg):
     from data.tfrecords.writer import convert
     from experiments.strategies import workers
     return convert(task_of(cfg), TFRecordSettings.from_config(cfg), int(cfg.seed), cfg.pipeline.verify_images,
-                   workers()[0])
+                   cfg.dataset.max_skipped_fraction, workers()[0])
 
 
 def read_shards(cfg, split, training, seed=0, table=None, context=None):

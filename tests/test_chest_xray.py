@@ -9,7 +9,7 @@ from data import chest_xray
 from data.errors import DatasetError
 from data.images import Decode
 from data.skipped import SkipLog
-from tests.conftest import compose, task_of
+from tests.conftest import compose, tables_of, task_of
 
 
 def test_2017_header_with_trailing_comma_and_bracketed_columns(real):
@@ -40,17 +40,42 @@ def test_kaggle_sample_labels_with_crlf_and_unit_ages(real):
 
 def test_labels_are_multi_hot_in_canonical_order():
     assert chest_xray.FINDINGS[0] == "Atelectasis" and chest_xray.FINDINGS[-1] == "Hernia"
-    assert chest_xray.multi_hot("No Finding", "row") == [0] * 14
-    assert chest_xray.multi_hot("Hernia|Atelectasis", "row") == [1] + [0] * 12 + [1]
+    assert chest_xray.multi_hot("No Finding") == [0] * 14
+    assert chest_xray.multi_hot("Hernia|Atelectasis") == [1] + [0] * 12 + [1]
 
 
-def test_unknown_label_is_an_error_naming_the_row(tmp_path, real):
+def test_bad_metadata_rows_are_skipped_with_their_line_and_reason(tmp_path, real):
     lines = (real / "nih" / "Data_Entry_2017_head.csv").read_text().splitlines()
-    lines[3] = lines[3].replace("Cardiomegaly", "Cardiomegally", 1)
+    lines[3] = lines[3].replace("Cardiomegaly", "Cardiomegally", 1)  # an unknown finding
+    fields = lines[4].split(",")
+    lines[4] = ",".join(fields[:3] + ["P7"] + fields[4:])  # a Patient ID that is not an integer
+    fields = lines[5].split(",")
+    lines[5] = ",".join(fields[:4] + ["old"] + fields[5:])  # an age that is not one
+    lines[6] = ",".join(lines[6].split(",")[:3])  # a short row
     bad = tmp_path / "Data_Entry_2017.csv"
     bad.write_text("\n".join(lines))
-    with pytest.raises(DatasetError, match=r"Data_Entry_2017.csv:4 .*Cardiomegally"):
-        chest_xray.read_metadata(bad)
+    skipped = SkipLog()
+    table = chest_xray.read_metadata(bad, skipped)
+    assert len(table) == 57 - 4
+    reasons = [reason for _, reason in skipped.rows]
+    assert reasons[0] == "bad metadata: Data_Entry_2017.csv line 4: unknown finding 'Cardiomegally'"
+    assert reasons[1] == "bad metadata: Data_Entry_2017.csv line 5: Patient ID 'P7' is not an integer"
+    assert reasons[2] == "bad metadata: Data_Entry_2017.csv line 6: Patient Age 'old' is not an age"
+    assert reasons[3] == "bad metadata: Data_Entry_2017.csv line 7: 3 fields, expected at least 7"
+    assert [path for path, _ in skipped.rows][:3] == [line.split(",")[0] for line in lines[3:6]]
+
+
+def test_symlinked_image_folders_are_followed(tmp_path, real):
+    elsewhere = tmp_path / "disk2" / "images"
+    elsewhere.mkdir(parents=True)
+    for png in (real / "nih" / "images").glob("*.png"):
+        shutil.copy(png, elsewhere / png.name)
+    root = tmp_path / "nih"
+    root.mkdir()
+    (root / "images_001").symlink_to(tmp_path / "disk2", target_is_directory=True)
+    shutil.copy(real / "nih" / "Data_Entry_2017_head.csv", root / "Data_Entry_2017.csv")
+    tables = task_of(compose("dataset=chest_xray")).index(root, SkipLog())
+    assert sum(len(table) for table in tables.values()) == 24
 
 
 @pytest.fixture
@@ -121,3 +146,12 @@ def test_embedded_sample_has_the_real_layout_and_is_deterministic(tmp_path, real
     assert visits.max() > 1  # several visits per patient
     splits = [set(table.patient_id) for table in tables.values()]
     assert not (splits[0] & splits[1] or splits[0] & splits[2] or splits[1] & splits[2])
+
+
+def test_too_many_skipped_examples_stop_the_run_with_one_clear_line(real_tree):
+    """The real tree holds 24 of the CSV's 57 images: 33 skipped, 58% of the examples."""
+    with pytest.raises(DatasetError, match=r"^33 of 57 examples were skipped \(33 missing image file\), more than "
+                                           r"dataset.max_skipped_fraction=0.1; fix the data or raise"):
+        tables_of(compose("dataset=chest_xray", f"dataset.root={real_tree}"))
+    tables = tables_of(compose("dataset=chest_xray", f"dataset.root={real_tree}", "dataset.max_skipped_fraction=0.6"))
+    assert sum(len(table) for table in tables.values()) == 24

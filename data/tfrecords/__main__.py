@@ -17,7 +17,7 @@ from experiments import cli, strategies
 def convert_configured(cfg):
     workers, _ = strategies.workers()
     convert(task_from_config(cfg), TFRecordSettings.from_config(cfg), int(cfg.seed), cfg.pipeline.verify_images,
-            workers)
+            cfg.dataset.max_skipped_fraction, workers)
 
 
 @hydra.main(config_path="../../conf", config_name="config", version_base="1.3")

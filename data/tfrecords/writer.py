@@ -201,7 +201,7 @@ def _reuse_complete_shards(directory: Path, manifest: dict, jobs: list) -> list:
     return pending
 
 
-def convert(task, settings: TFRecordSettings, seed, verify_images=True, workers=1) -> dict:
+def convert(task, settings: TFRecordSettings, seed, verify_images, max_skipped_fraction, workers=1) -> dict:
     """Writes the shards and manifest of every split of `task`'s dataset; returns the manifest.
 
     Args:
@@ -209,6 +209,7 @@ def convert(task, settings: TFRecordSettings, seed, verify_images=True, workers=
         settings: the tfrecord.* settings and the dataset root.
         seed: the split and shard-assignment seed.
         verify_images: leave out images that do not decode (data.tables.load_tables).
+        max_skipped_fraction: the largest share of examples that may be left out.
         workers: training workers (TF_CONFIG); the train split gets min_shards_per_worker each.
 
     Re-running with the same dataset and settings writes only the shards that are
@@ -217,7 +218,7 @@ def convert(task, settings: TFRecordSettings, seed, verify_images=True, workers=
     directory = settings.directory
     directory.mkdir(parents=True, exist_ok=True)
     skipped = SkipLog()
-    tables = load_tables(task, settings.dataset_root, verify_images, skipped)
+    tables = load_tables(task, settings.dataset_root, verify_images, skipped, max_skipped_fraction)
     manifest, jobs = _planned_manifest(task, settings, tables, seed, workers)
     encoding = settings.encoding
 

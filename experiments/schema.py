@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
 _UNSET = object()
@@ -222,30 +223,26 @@ def _leaves(node, prefix, keys):
             continue
         try:
             value = node[name]
-        except Exception as error:  # an interpolation that does not resolve
+        except OmegaConfBaseException as error:  # an interpolation that does not resolve
             yield key, _Unresolved(OmegaConf.to_container(node)[name], error)
             continue
         if isinstance(value, DictConfig) and key not in keys:
             yield from _leaves(value, f"{key}.", keys)
         elif isinstance(value, (DictConfig, ListConfig)):
-            yield key, _Unresolved.wrap(value)
+            try:
+                yield key, OmegaConf.to_container(value, resolve=True)
+            except OmegaConfBaseException as error:
+                yield key, _Unresolved(OmegaConf.to_container(value), error)
         else:
             yield key, value
 
 
 class _Unresolved:
-    """A value whose interpolation failed to resolve."""
+    """A value whose interpolation failed to resolve: its text and why."""
 
     def __init__(self, text, error):
         # OmegaConf's own message, without the full_key/object_type lines it appends.
         self.text, self.error = text, str(error).strip().splitlines()[0]
-
-    @staticmethod
-    def wrap(container):
-        try:
-            return OmegaConf.to_container(container, resolve=True)
-        except Exception as error:
-            return _Unresolved(OmegaConf.to_container(container), error)
 
 
 def problems(cfg, environ=None) -> list:

@@ -17,9 +17,10 @@ per error, naming the key, the value and what is allowed.
 """
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -216,7 +217,7 @@ def declared(cfg) -> dict:
 
 def _leaves(node, prefix, keys):
     """(key, value) for each leaf of `node`, resolved; a declared key is a leaf even when it holds a dict."""
-    for name in node.keys():
+    for name in node:
         key = f"{prefix}{name}"
         if OmegaConf.is_missing(node, name):
             yield key, _UNSET
@@ -262,10 +263,9 @@ def problems(cfg, environ=None) -> list:
     for key in keys:
         if key not in found:  # absent, as opposed to ??? in conf/
             lines.append(f"{key}={MISSING} is not set; it takes {keys[key].allowed}")
-    if not lines:
-        lines += _combinations(cfg)
-    if not lines and environ is not None:
-        lines += _tf_config(cfg, environ.get("TF_CONFIG"))
+    if not lines:  # every key is good on its own: check how they go together
+        together = [_combinations(cfg), _tf_config(cfg, (environ or {}).get("TF_CONFIG"))]
+        lines = [line for line in together if line][:1]
     return lines
 
 
@@ -277,47 +277,47 @@ def _unknown(cfg, key, value, keys):
             f"its keys are {'|'.join(siblings) if siblings else '(none)'}")
 
 
-def _combinations(cfg) -> list:
+def _combinations(cfg) -> str | None:
     """Keys whose values are each fine but do not go together."""
     wanted = DATASET_INPUTS[cfg.dataset.name]
     if cfg.model.inputs != wanted:
         fitting = sorted(name for name, model in MODEL_KEYS.items() if model["model.inputs"].accepts(wanted))
-        return [f"model={cfg.model.name} takes {cfg.model.inputs} images but dataset={cfg.dataset.name} gives "
-                f"{wanted} images; choose one of {'|'.join(fitting)}"]
-    return []
+        return (f"model={cfg.model.name} takes {cfg.model.inputs} images but dataset={cfg.dataset.name} gives "
+                f"{wanted} images; choose one of {'|'.join(fitting)}")
+    return None
 
 
-def _tf_config(cfg, text) -> list:
+def _tf_config(cfg, text) -> str | None:
     """TF_CONFIG, the cluster description that strategy=multi_worker reads, where it is set."""
     if not text:
-        return []
+        return None
     shown = " ".join(text.split())
     try:
         config = json.loads(text)
     except ValueError as error:
-        return [f"TF_CONFIG={shown} is not valid JSON ({error}); it takes "
-                '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}']
+        return (f"TF_CONFIG={shown} is not valid JSON ({error}); it takes "
+                '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}')
     if not isinstance(config, dict):
-        return [f"TF_CONFIG={shown} is not a JSON object with cluster and task"]
+        return f"TF_CONFIG={shown} is not a JSON object with cluster and task"
     cluster, task = config.get("cluster", {}), config.get("task", {})
     if not isinstance(cluster, dict) or not all(isinstance(hosts, list) for hosts in cluster.values()):
-        return [f"TF_CONFIG cluster={show(cluster)} is not a map from task type to a list of host:port"]
+        return f"TF_CONFIG cluster={show(cluster)} is not a map from task type to a list of host:port"
     if not isinstance(task, dict):
-        return [f"TF_CONFIG task={show(task)} is not an object with type and index"]
+        return f"TF_CONFIG task={show(task)} is not an object with type and index"
     if cluster or task:
         kind, index = task.get("type"), task.get("index", 0)
         if kind not in cluster:
-            return [f"TF_CONFIG task type={show(kind)} is not one of {'|'.join(cluster) or '(an empty cluster)'}"]
+            return f"TF_CONFIG task type={show(kind)} is not one of {'|'.join(cluster) or '(an empty cluster)'}"
         if not _is_int(index) or not 0 <= index < len(cluster[kind]):
-            return [f"TF_CONFIG task index={show(index)} is not in 0..{len(cluster[kind]) - 1}, the indices of "
-                    f"its {len(cluster[kind])} {kind} task(s)"]
+            return (f"TF_CONFIG task index={show(index)} is not in 0..{len(cluster[kind]) - 1}, the indices of "
+                    f"its {len(cluster[kind])} {kind} task(s)")
     count = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
     if count > 1 and cfg.strategy.name != "multi_worker":
-        return [f"TF_CONFIG names {count} workers but strategy={cfg.strategy.name}; "
-                f"use strategy=multi_worker (or unset TF_CONFIG)"]
+        return (f"TF_CONFIG names {count} workers but strategy={cfg.strategy.name}; "
+                f"use strategy=multi_worker (or unset TF_CONFIG)")
     if count > 1 and cfg.pipeline.batch_size % count:
-        return [f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across {count} workers"]
-    return []
+        return f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across {count} workers"
+    return None
 
 
 def first_problem(cfg, environ=None):

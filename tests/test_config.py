@@ -1,4 +1,5 @@
 """Every config group composes, each dataset brings its defaults, and every key has a schema."""
+import copy
 import os
 import re
 import resource
@@ -99,7 +100,6 @@ def _wrong_type(value):
 @pytest.mark.parametrize("overrides", COMBINATIONS, ids=" ".join)
 def test_every_leaf_key_is_declared_and_rejects_a_wrong_type(overrides):
     """A key added to conf/ without its line in experiments/schema.py fails here."""
-    import copy
     from experiments import schema
 
     cfg = compose(*overrides)
@@ -151,8 +151,8 @@ def test_every_leaf_key_is_declared_and_rejects_a_wrong_type(overrides):
     ("lfw_pairs", "dataset.eval_pairs=bogus", "dataset.eval_pairs=bogus is not one of dev_test|pairs"),
     ("lfw_pairs", "dataset.fold=10", "dataset.fold=10 is not an integer in 0..9, or null"),
     ("lfw_pairs", "strategy=mirrored strategy.logical_cpus=0", "strategy.logical_cpus=0 is not an integer >= 1"),
-    ("lfw_pairs", "tfrecord.dir=${oc.env:NO_SUCH_VARIABLE}", "tfrecord.dir=${oc.env:NO_SUCH_VARIABLE} does not "
-                                                              "resolve"),
+    ("lfw_pairs", "tfrecord.dir=${oc.env:NO_SUCH_VARIABLE}",
+     "tfrecord.dir=${oc.env:NO_SUCH_VARIABLE} does not resolve"),
 ])
 def test_a_bad_value_is_one_line_naming_the_key_and_what_is_allowed(dataset, override, line):
     from experiments import schema
@@ -252,7 +252,7 @@ def test_python_run_py_reports_a_bad_config_in_one_line_before_tensorflow_starts
     started = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run([sys.executable, "run.py", "dataset=chest_xray", override, f"hydra.run.dir={tmp_path}"],
                             cwd=PROJECT, env={**environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, timeout=60)
+                            text=True, timeout=60, check=False)
     finished = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert result.returncode == 2
     assert result.stdout.splitlines() == [result.stdout.strip()]  # one line, stdout and stderr together
@@ -270,6 +270,6 @@ def test_a_bad_config_never_imports_tensorflow(tmp_path):
             "except SystemExit as exit:\n"
             "    print(exit.code, 'tensorflow' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=PROJECT, capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, check=False)
     assert result.stdout.split() == ["2", "False"], result.stderr
     assert result.stderr.strip() == "config error: seed=abc is not an integer in 0..4294967295"

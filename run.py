@@ -3,12 +3,18 @@ import sys
 
 import hydra
 
-from experiments import cli, runner
+from experiments import cli
+
+
+def train_and_evaluate(cfg):
+    from experiments import runner  # TensorFlow starts here, once cli has checked the config
+
+    runner.run(cfg)
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg):
-    cli.guarded(runner.run, cfg)
+    cli.guarded(train_and_evaluate, cfg)
 
 
 if __name__ == "__main__":

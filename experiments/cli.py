@@ -1,4 +1,8 @@
-"""Exit statuses of the command line: 0 success, 2 bad config or usage, 1 anything else."""
+"""Exit statuses of the command line: 0 success, 2 bad config or usage, 1 anything else, 130 interrupted.
+
+Nothing here imports TensorFlow: a config is checked against experiments/schema.py first, so a bad
+one is reported in about a second, before TensorFlow's start-up messages.
+"""
 import logging
 import os
 import sys
@@ -14,8 +18,7 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from data.errors import ConfigError, DatasetError  # noqa: E402
-from experiments.trainer import NonFiniteLossError  # noqa: E402
+from experiments import schema  # noqa: E402
 
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
 # A short random id in run directory names keeps runs started in the same second apart.
@@ -42,13 +45,24 @@ _status = 0
 
 
 def guarded(task, cfg) -> None:
-    """Runs one job, turning expected failures into a one-line message and an exit status.
+    """Checks `cfg` against the schema, then runs one job, turning expected failures into a
+    one-line message and an exit status.
 
     Errors are handled inside the job rather than raised through Hydra, which
     would add its own lines, and so that one failed job of a sweep does not stop
-    the others.
+    the others. `task` should import TensorFlow itself, so that it starts only
+    once the config has passed.
     """
     global _status
+    problem = schema.first_problem(cfg, os.environ)
+    if problem:
+        print(f"config error: {problem}", file=sys.stderr)
+        _status = max(_status, 2)
+        return
+    # The data package and the trainer import TensorFlow; the config has passed by now.
+    from data.errors import ConfigError, DatasetError
+    from experiments.trainer import NonFiniteLossError
+
     try:
         task(cfg)
     except ConfigError as error:

@@ -1,0 +1,326 @@
+"""The type and allowed values of every config key, checked before TensorFlow is imported.
+
+Every leaf key of the composed config is declared below, once, on one line:
+
+- ``KEYS``: the keys every run has, by full name (``trainer.*``, ``pipeline.*``, ``tfrecord.*``, ...);
+- ``DATASET_KEYS``, ``MODEL_KEYS``, ``STRATEGY_KEYS``: the keys of one option of a group, by the
+  option's name (``dataset.validation_fraction`` exists for chest_xray only).
+
+A key in conf/ that is not declared here is itself a config error, and so is a declared key missing
+from the composed config, so conf/ and this file cannot drift apart (tests/test_config.py walks them).
+
+Why a check over the composed config rather than Hydra structured configs: the dataset files are
+``# @package _global_`` overlays that also set pipeline and trainer keys, ``pipeline.image_size`` is
+an int or a [height, width] list (OmegaConf 2.3 has no union types), ranges need checking anyway, and
+Hydra's own type errors are raised mid-composition over several lines. Checking here gives one line
+per error, naming the key, the value and what is allowed.
+"""
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key's declared type and allowed values."""
+
+    allowed: str  # what the error message says is allowed
+    accepts: Callable[[Any], bool]
+
+
+def _with_null(key, null):
+    """`key`, also accepting null, which means `null` (a few words)."""
+    if null is None:
+        return key
+    return Key(f"{key.allowed}, or null ({null})", lambda value: value is None or key.accepts(value))
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def integer(low=None, high=None, null=None) -> Key:
+    """An int in [low, high]; either bound may be open-ended (None)."""
+    if low is not None and high is not None:
+        allowed = f"an integer in {low}..{high}"
+    elif low is not None:
+        allowed = f"an integer >= {low}"
+    else:
+        allowed = "an integer"
+    key = Key(allowed, lambda value: _is_int(value) and (low is None or value >= low)
+              and (high is None or value <= high))
+    return _with_null(key, null)
+
+
+def number(low, high=None, low_open=False, high_open=False, null=None) -> Key:
+    """A finite int or float between `low` and `high` (inclusive unless open)."""
+    if high is None:
+        allowed = f"a number {'>' if low_open else '>='} {low}"
+    else:
+        allowed = f"a number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+    def accepts(value):
+        return (_is_number(value) and (value > low if low_open else value >= low)
+                and (high is None or (value < high if high_open else value <= high)))
+
+    return _with_null(Key(allowed, accepts), null)
+
+
+def one_of(*choices) -> Key:
+    return Key(f"one of {'|'.join(choices)}", lambda value: isinstance(value, str) and value in choices)
+
+
+FLAG = Key("true or false", lambda value: isinstance(value, bool))
+PATH = Key("a path", lambda value: isinstance(value, str) and bool(value))
+# Checked here so that a typo in dataset.root fails in a second, not after TensorFlow starts.
+DATA_ROOT = _with_null(Key("an existing directory",
+                           lambda value: isinstance(value, str) and Path(value).expanduser().is_dir()),
+                       "the embedded sample")
+
+
+def integers(low=1, length=None) -> Key:
+    """A non-empty list of ints >= `low`, of exactly `length` items when given."""
+    allowed = f"a list of {length or 'one or more'} integers >= {low}"
+
+    def accepts(value):
+        return (isinstance(value, list) and len(value) == (length or len(value)) and len(value) > 0
+                and all(_is_int(item) and item >= low for item in value))
+
+    return Key(allowed, accepts)
+
+
+IMAGE_SIZE = Key("an integer >= 1 (a square side) or [height, width]",
+                 lambda value: integer(1).accepts(value) or integers(1, length=2).accepts(value))
+
+MODES = ("train_and_evaluate", "train", "evaluate", "predict")
+
+# One line per key. A new key in conf/ gets its line here, in the table of its group.
+KEYS = {
+    "mode": one_of(*MODES),
+    "seed": integer(0, 2**32 - 1),
+    "deterministic": FLAG,
+
+    "pipeline.batch_size": integer(1),
+    "pipeline.image_size": IMAGE_SIZE,
+    "pipeline.cache": one_of("none", "memory", "disk"),
+    "pipeline.source": one_of("files", "tfrecord"),
+    "pipeline.dtype": one_of("float32", "float16"),
+    "pipeline.augment": FLAG,
+    "pipeline.shuffle_buffer": integer(1, null="the whole split"),
+    "pipeline.verify_images": FLAG,
+
+    "trainer.train_steps": integer(1),
+    "trainer.eval_every": integer(1),
+    "trainer.eval_steps": integer(1, null="the whole validation split"),
+    "trainer.checkpoint_every": integer(1),
+    "trainer.keep_checkpoints": integer(1),
+    "trainer.checkpoint_input": FLAG,
+    "trainer.log_every": integer(1),
+    # Not read yet: every run trains with Adam until the optimizer setting is implemented.
+    "trainer.optimizer": one_of("adam", "adamw", "sgd"),
+    "trainer.learning_rate": number(0, low_open=True),
+
+    "tfrecord.dir": PATH,
+    "tfrecord.encoding": one_of("encoded", "raw"),
+    "tfrecord.shard_mb": number(0, low_open=True),
+    "tfrecord.min_shards_per_worker": integer(1),
+    "tfrecord.cycle_length": integer(1),
+    "tfrecord.shuffle_buffer_mb": number(0, low_open=True),
+
+    "dataset.name": one_of("chest_xray", "imagenet_det", "lfw_pairs"),
+    "dataset.root": DATA_ROOT,
+    "dataset.flip": FLAG,
+    "dataset.normalize": one_of("unit_range", "per_image_standardization"),
+    "dataset.resize": one_of("resize", "crop_or_pad"),
+
+    "model.name": one_of("resnet_v2_50", "resnet_v2_101", "resnet_v2_152", "semi_alexnet", "siamese_cnn"),
+    "model.inputs": one_of("single", "pair"),
+
+    "strategy.name": one_of("auto", "one_device", "mirrored", "multi_worker"),
+}
+
+# Keys of one dataset, model or strategy, by its name (the `name` key of the group).
+DATASET_KEYS = {
+    "chest_xray": {
+        "dataset.validation_fraction": number(0, 1, low_open=True, high_open=True),
+    },
+    "imagenet_det": {},
+    "lfw_pairs": {
+        "dataset.eval_pairs": one_of("dev_test", "pairs"),
+        "dataset.fold": integer(0, 9, null="all ten folds"),
+        "dataset.crop_fraction": number(0, 1, low_open=True, null="no crop"),
+    },
+}
+_RESNET = {"model.inputs": one_of("single"), "model.batch_norm_momentum": number(0, 1)}
+MODEL_KEYS = {
+    "resnet_v2_50": _RESNET,
+    "resnet_v2_101": _RESNET,
+    "resnet_v2_152": _RESNET,
+    "semi_alexnet": {
+        "model.inputs": one_of("single"),
+        "model.filters": integers(1, length=5),
+        "model.dense_units": integer(1),
+        "model.dropout": number(0, 1, high_open=True),
+    },
+    "siamese_cnn": {
+        "model.inputs": one_of("pair"),
+        "model.merge": one_of("embedding", "pixel_difference"),
+        "model.widths": integers(1),
+        "model.embedding_size": integer(1),
+        "model.head_units": integer(1),
+    },
+}
+STRATEGY_KEYS = {
+    "auto": {},
+    "one_device": {},
+    "mirrored": {"strategy.logical_cpus": integer(1)},
+    "multi_worker": {},
+}
+
+# What each dataset's examples are: one image, or a pair (data/<name>.py SPEC.paired).
+DATASET_INPUTS = {"chest_xray": "single", "imagenet_det": "single", "lfw_pairs": "pair"}
+
+
+def show(value) -> str:
+    """A value as it would be written on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
+
+
+def declared(cfg) -> dict:
+    """Every key this config may hold: the general keys and those of its dataset, model and strategy."""
+    keys = dict(KEYS)
+    for group, options in (("dataset", DATASET_KEYS), ("model", MODEL_KEYS), ("strategy", STRATEGY_KEYS)):
+        name = OmegaConf.select(cfg, f"{group}.name", default=None, throw_on_resolution_failure=False)
+        if isinstance(name, str):
+            keys.update(options.get(name, {}))
+    return keys
+
+
+def _leaves(node, prefix, keys):
+    """(key, value) for each leaf of `node`, resolved; a declared key is a leaf even when it holds a dict."""
+    for name in node:
+        key = f"{prefix}{name}"
+        if OmegaConf.is_missing(node, name):
+            yield key, _UNSET
+            continue
+        try:
+            value = node[name]
+        except OmegaConfBaseException as error:  # an interpolation that does not resolve
+            yield key, _Unresolved(OmegaConf.to_container(node)[name], error)
+            continue
+        if isinstance(value, DictConfig) and key not in keys:
+            yield from _leaves(value, f"{key}.", keys)
+        elif isinstance(value, (DictConfig, ListConfig)):
+            try:
+                yield key, OmegaConf.to_container(value, resolve=True)
+            except OmegaConfBaseException as error:
+                yield key, _Unresolved(OmegaConf.to_container(value), error)
+        else:
+            yield key, value
+
+
+class _Unresolved:
+    """A value whose interpolation failed to resolve: its text and why."""
+
+    def __init__(self, text, error):
+        # OmegaConf's own message, without the full_key/object_type lines it appends.
+        self.text, self.error = text, str(error).strip().splitlines()[0]
+
+
+def problems(cfg, environ=None) -> list:
+    """Every problem with `cfg` (and TF_CONFIG in `environ`), one line each, most basic first."""
+    keys = declared(cfg)
+    found, lines = {}, []
+    for key, value in _leaves(cfg, "", keys):
+        found[key] = value
+        if isinstance(value, _Unresolved):
+            lines.append(f"{key}={show(value.text)} does not resolve: {value.error}")
+        elif key not in keys:
+            lines.append(_unknown(cfg, key, value, keys))
+        elif value is _UNSET:
+            lines.append(f"{key}={MISSING} is not set; it takes {keys[key].allowed}")
+        elif not keys[key].accepts(value):
+            lines.append(f"{key}={show(value)} is not {keys[key].allowed}")
+    for key in keys:
+        if key not in found:  # absent, as opposed to ??? in conf/
+            lines.append(f"{key}={MISSING} is not set; it takes {keys[key].allowed}")
+    if not lines:  # every key is good on its own: check how they go together
+        together = [_combinations(cfg), _tf_config(cfg, (environ or {}).get("TF_CONFIG"))]
+        lines = [line for line in together if line][:1]
+    return lines
+
+
+def _unknown(cfg, key, value, keys):
+    group = key.rpartition(".")[0]
+    siblings = sorted(name.rpartition(".")[2] for name in keys if name.rpartition(".")[0] == group)
+    where = f"{group}={cfg[group].get('name')}" if group in ("dataset", "model", "strategy") else group or "the config"
+    return (f"{key}={show(value)} is not a key of {where}; "
+            f"its keys are {'|'.join(siblings) if siblings else '(none)'}")
+
+
+def _combinations(cfg) -> str | None:
+    """Keys whose values are each fine but do not go together."""
+    wanted = DATASET_INPUTS[cfg.dataset.name]
+    if cfg.model.inputs != wanted:
+        fitting = sorted(name for name, model in MODEL_KEYS.items() if model["model.inputs"].accepts(wanted))
+        return (f"model={cfg.model.name} takes {cfg.model.inputs} images but dataset={cfg.dataset.name} gives "
+                f"{wanted} images; choose one of {'|'.join(fitting)}")
+    return None
+
+
+def _tf_config(cfg, text) -> str | None:
+    """TF_CONFIG, the cluster description that strategy=multi_worker reads, where it is set."""
+    if not text:
+        return None
+    shown = " ".join(text.split())
+    try:
+        config = json.loads(text)
+    except ValueError as error:
+        return (f"TF_CONFIG={shown} is not valid JSON ({error}); it takes "
+                '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}')
+    if not isinstance(config, dict):
+        return f"TF_CONFIG={shown} is not a JSON object with cluster and task"
+    cluster, task = config.get("cluster", {}), config.get("task", {})
+    if not isinstance(cluster, dict) or not all(isinstance(hosts, list) for hosts in cluster.values()):
+        return f"TF_CONFIG cluster={show(cluster)} is not a map from task type to a list of host:port"
+    if not isinstance(task, dict):
+        return f"TF_CONFIG task={show(task)} is not an object with type and index"
+    if cluster or task:
+        kind, index = task.get("type"), task.get("index", 0)
+        if kind not in cluster:
+            return f"TF_CONFIG task type={show(kind)} is not one of {'|'.join(cluster) or '(an empty cluster)'}"
+        if not _is_int(index) or not 0 <= index < len(cluster[kind]):
+            return (f"TF_CONFIG task index={show(index)} is not in 0..{len(cluster[kind]) - 1}, the indices of "
+                    f"its {len(cluster[kind])} {kind} task(s)")
+    count = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+    if count > 1 and cfg.strategy.name != "multi_worker":
+        return (f"TF_CONFIG names {count} workers but strategy={cfg.strategy.name}; "
+                f"use strategy=multi_worker (or unset TF_CONFIG)")
+    if count > 1 and cfg.pipeline.batch_size % count:
+        return f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across {count} workers"
+    return None
+
+
+def first_problem(cfg, environ=None):
+    """The one line to report for `cfg`, or None when it is good."""
+    found = problems(cfg, environ)
+    return found[0] if found else None

@@ -125,12 +125,13 @@ def starvation(args, command_line):
     """Median step time fed by the real pipeline ÷ fed by one cached batch, and the input-wait fraction."""
     import keras
 
-    from experiments.runner import check_config
+    from experiments.schema import first_problem
 
     overrides = [f"model={args.model}"] if args.model else []
     cfg = data_api.compose_cfg(args.dataset, args.batch_size, args.image_size, *overrides)
     info = data_api.describe(cfg)
-    check_config(cfg, info.spec)
+    if first_problem(cfg):
+        raise SystemExit(f"config error: {first_problem(cfg)}")
     print(f"# Starvation check\n\ncommand: {command_line}")
     print(f"dataset {args.dataset}, model {cfg.model.name} via experiments.trainer.Trainer, "
           f"{args.image_size}x{args.image_size}, batch {args.batch_size}, {args.steps} measured steps per feed, "

@@ -26,30 +26,9 @@ from data.tables import load_tables, path_columns
 from experiments import metrics, strategies
 from experiments.summaries import Summaries, write_metrics
 from experiments.trainer import NonFiniteLossError, Trainer
-from models import BUILDERS
 
 log = logging.getLogger(__name__)
 MODES = ("train_and_evaluate", "train", "evaluate", "predict")
-
-
-def check_config(cfg, spec):
-    """Rejects a bad config before any work is done, naming the key and what is allowed."""
-    choices = {"mode": MODES, "pipeline.cache": ("none", "memory", "disk"), "pipeline.source": ("files", "tfrecord"),
-               "pipeline.dtype": ("float32", "float16"), "strategy.name": strategies.NAMES,
-               "model.name": tuple(BUILDERS)}
-    for key, allowed in choices.items():
-        value = OmegaConf.select(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value} is not one of {'|'.join(allowed)}")
-    wanted = "pair" if spec.paired else "single"
-    if cfg.model.inputs != wanted:
-        raise ConfigError(f"model={cfg.model.name} takes {cfg.model.inputs} images but dataset={spec.name} gives "
-                          f"{wanted} images; choose a model with inputs: {wanted}")
-    for key in ("pipeline.batch_size", "trainer.train_steps", "trainer.eval_every", "trainer.checkpoint_every",
-                "trainer.keep_checkpoints", "trainer.log_every"):
-        value = OmegaConf.select(cfg, key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key}={value} must be a positive integer")
 
 
 def run(cfg):
@@ -64,7 +43,6 @@ def run(cfg):
         tf.config.experimental.enable_op_determinism()
     task = task_from_config(cfg)
     spec = task.SPEC
-    check_config(cfg, spec)
     pipeline = Pipeline.from_config(cfg)
     worker_count, worker = strategies.workers()
     if worker_count > 1 and cfg.strategy.name != "multi_worker":

@@ -119,7 +119,8 @@ KEYS = {
     "pipeline.source": one_of("files", "tfrecord"),
     "pipeline.dtype": one_of("float32", "float16"),
     "pipeline.augment": FLAG,
-    "pipeline.shuffle_buffer": integer(1, null="the whole split"),
+    "pipeline.shuffle_buffer": integer(1, null="as many as pipeline.shuffle_mb holds"),
+    "pipeline.shuffle_mb": number(0, low_open=True),
     "pipeline.verify_images": FLAG,
 
     "trainer.train_steps": integer(1),
@@ -138,13 +139,14 @@ KEYS = {
     "tfrecord.shard_mb": number(0, low_open=True),
     "tfrecord.min_shards_per_worker": integer(1),
     "tfrecord.cycle_length": integer(1),
-    "tfrecord.shuffle_buffer_mb": number(0, low_open=True),
 
     "dataset.name": one_of("chest_xray", "imagenet_det", "lfw_pairs"),
     "dataset.root": DATA_ROOT,
     "dataset.flip": FLAG,
     "dataset.normalize": one_of("unit_range", "per_image_standardization"),
     "dataset.resize": one_of("resize", "crop_or_pad"),
+    "dataset.crop_fraction": number(0, 1, low_open=True, null="no crop"),
+    "dataset.max_skipped_fraction": number(0, 1),
 
     "model.name": one_of("resnet_v2_50", "resnet_v2_101", "resnet_v2_152", "semi_alexnet", "siamese_cnn"),
     "model.inputs": one_of("single", "pair"),
@@ -161,7 +163,6 @@ DATASET_KEYS = {
     "lfw_pairs": {
         "dataset.eval_pairs": one_of("dev_test", "pairs"),
         "dataset.fold": integer(0, 9, null="all ten folds"),
-        "dataset.crop_fraction": number(0, 1, low_open=True, null="no crop"),
     },
 }
 _RESNET = {"model.inputs": one_of("single"), "model.batch_norm_momentum": number(0, 1)}

@@ -14,7 +14,7 @@ from data import lfw_pairs
 from data.errors import ConfigError, DatasetError
 from data.samples.lfw_pairs import make_sample
 from data.skipped import SkipLog
-from experiments.runner import check_config
+from experiments.schema import first_problem
 from tests.conftest import compose, run_cli, task_of
 
 
@@ -237,12 +237,9 @@ def test_ten_fold_protocol_matches_a_direct_computation():
 def test_configs_pair_the_siamese_cnn_with_lfw_only():
     cfg = compose("dataset=lfw_pairs")
     assert (cfg.model.name, cfg.model.inputs, cfg.model.merge) == ("siamese_cnn", "pair", "embedding")
-    check_config(cfg, lfw_pairs.SPEC)
-    with pytest.raises(ConfigError, match="model=resnet_v2_50"):
-        check_config(compose("dataset=lfw_pairs", "model=resnet_v2_50"), lfw_pairs.SPEC)
-    from data import chest_xray
-    with pytest.raises(ConfigError, match="model=siamese_cnn"):
-        check_config(compose("dataset=chest_xray", "model=siamese_cnn"), chest_xray.SPEC)
+    assert first_problem(cfg) is None
+    assert first_problem(compose("dataset=lfw_pairs", "model=resnet_v2_50")).startswith("model=resnet_v2_50 takes ")
+    assert first_problem(compose("dataset=chest_xray", "model=siamese_cnn")).startswith("model=siamese_cnn takes ")
 
 
 @pytest.mark.slow

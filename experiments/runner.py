@@ -44,15 +44,13 @@ def run(cfg):
     task = task_from_config(cfg)
     spec = task.SPEC
     pipeline = Pipeline.from_config(cfg)
-    worker_count, worker = strategies.workers()
-    if worker_count > 1 and cfg.strategy.name != "multi_worker":
-        raise ConfigError(f"TF_CONFIG names {worker_count} workers but strategy={cfg.strategy.name}; "
-                          f"use strategy=multi_worker (or unset TF_CONFIG)")
+    # TF_CONFIG, and the batch's split across its workers, were checked with the config (experiments/schema.py).
+    _, worker = strategies.workers()
     strategy = strategies.make_strategy(cfg.strategy)
-    for parts, what in ((strategy.num_replicas_in_sync, "replicas"), (worker_count, "workers")):
-        if cfg.pipeline.batch_size % parts:
-            raise ConfigError(f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across {parts} {what}; "
-                              f"use a multiple of {parts}")
+    replicas = strategy.num_replicas_in_sync
+    if cfg.pipeline.batch_size % replicas:
+        raise ConfigError(f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across {replicas} "
+                          f"replicas; use a multiple of {replicas}")
     keras.mixed_precision.set_global_policy("mixed_float16" if cfg.pipeline.dtype == "float16" else "float32")
 
     # Input pipeline: index once, in Python; everything per example happens in tf.data.

@@ -65,7 +65,7 @@ def _inputs(model):
 
 
 def _fitting_models(dataset):
-    wanted = "pair" if data.DATASETS[dataset].SPEC.paired else "single"
+    wanted = "pair" if data.TASKS[dataset].SPEC.paired else "single"
     return [model for model in _options("model") if _inputs(model) == wanted]
 
 
@@ -201,12 +201,13 @@ def test_a_good_tf_config_passes():
 
 def test_the_schema_agrees_with_the_code_it_stands_in_for():
     """The schema is read before TensorFlow starts, so it repeats a few names the TensorFlow modules define."""
-    from data import lfw_pairs, tfrecords
+    from data import lfw_pairs
+    from data.tfrecords import layout as tfrecords
     from experiments import runner, schema, strategies
     from models import siamese_cnn
 
-    assert set(schema.DATASET_KEYS) == set(schema.DATASET_INPUTS) == set(data.DATASETS)
-    for name, module in data.DATASETS.items():
+    assert set(schema.DATASET_KEYS) == set(schema.DATASET_INPUTS) == set(data.TASKS)
+    for name, module in data.TASKS.items():
         assert schema.DATASET_INPUTS[name] == ("pair" if module.SPEC.paired else "single")
     assert set(schema.MODEL_KEYS) == set(BUILDERS)
     assert set(schema.STRATEGY_KEYS) == set(strategies.NAMES)
@@ -221,6 +222,8 @@ def test_the_schema_agrees_with_the_code_it_stands_in_for():
 NOT_YET_READ = {
     "trainer.optimizer": "every run trains with Adam; the schema already allows only adam|adamw|sgd",
 }
+# Keys whose only reader is the schema's own logic, beyond declaring them.
+READ_BY_THE_SCHEMA = {"model.inputs": "a model that takes pairs fits only a dataset of pairs"}
 SOURCES = [PROJECT / "run.py", *[path for folder in ("data", "models", "experiments", "benchmarks")
                                  for path in sorted((PROJECT / folder).rglob("*.py"))
                                  if path.name != "schema.py"]]  # the schema names every key, read or not
@@ -236,7 +239,7 @@ def _read_in_code(key, sources):
 def test_every_key_in_conf_is_read_by_some_code():
     sources = "\n".join(path.read_text() for path in SOURCES)
     keys = {key for overrides in COMBINATIONS for key, _ in _leaves(OmegaConf.to_container(compose(*overrides)))}
-    unread = sorted(key for key in keys if not _read_in_code(key, sources))
+    unread = sorted(key for key in keys if not _read_in_code(key, sources) and key not in READ_BY_THE_SCHEMA)
     assert unread == sorted(NOT_YET_READ), f"keys in conf/ that no code reads: {unread}"
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from data.errors import ConfigError
 from data.tables import path_columns
 
 MANIFEST = "manifest.json"
@@ -39,15 +38,9 @@ class TFRecordSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "TFRecordSettings":
-        settings = cfg.tfrecord
-        if settings.encoding not in ENCODINGS:
-            raise ConfigError(f"tfrecord.encoding={settings.encoding} is not one of {'|'.join(ENCODINGS)}")
-        for key in ("shard_mb", "min_shards_per_worker"):
-            value = settings[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"tfrecord.{key}={value} must be a positive number")
-        return cls(Path(settings.dir).expanduser(), settings.encoding, float(settings.shard_mb),
-                   int(settings.min_shards_per_worker), int(settings.cycle_length), cfg.dataset.root)
+        # The schema (experiments/schema.py) has checked every value.
+        return cls(Path(cfg.tfrecord.dir).expanduser(), cfg.tfrecord.encoding, float(cfg.tfrecord.shard_mb),
+                   int(cfg.tfrecord.min_shards_per_worker), int(cfg.tfrecord.cycle_length), cfg.dataset.root)
 
 
 def convert_command(task, settings: TFRecordSettings) -> str:

@@ -1,4 +1,5 @@
-"""Exit statuses of the command line: 0 success, 2 bad config or usage, 1 anything else."""
+"""Exit statuses of the command line: 0 success, 2 bad config or usage, 130/143 interrupted by
+SIGINT/SIGTERM, 1 anything else."""
 import logging
 import os
 import sys
@@ -14,6 +15,7 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
+from data import interrupts  # noqa: E402
 from data.errors import ConfigError, DatasetError  # noqa: E402
 from experiments.trainer import NonFiniteLossError  # noqa: E402
 
@@ -66,7 +68,7 @@ def exit_code(main) -> int:
     except (HydraException, OmegaConfBaseException) as error:
         _report(error, "config error")
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as data.interrupts.Interrupted
+        print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)
+        return interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
     return _status

@@ -18,11 +18,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from data import caching, images
+from data import caching, images, interrupts
 from data.errors import ConfigError
 from data.input_fn import dataset_module, input_fn, load_tables, path_columns, workers
 from data.skipped import SkipLog
-from experiments import metrics, strategies
+from experiments import leftovers, metrics, run_lock, strategies
 from experiments.summaries import Summaries, write_metrics
 from experiments.trainer import NonFiniteLossError, Trainer
 from models import BUILDERS
@@ -54,6 +54,9 @@ def check_config(cfg, spec):
 def run(cfg):
     """Runs one Hydra job; the run directory is the model_dir."""
     model_dir = Path(HydraConfig.get().runtime.output_dir)
+    interrupts.install()  # SIGINT/SIGTERM: save a checkpoint, then exit 130/143
+    if run_lock.hold(model_dir):  # exit 2 if another process runs here; only the holder may clean up
+        leftovers.remove(model_dir)
     log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     log.info("Run directory: %s", model_dir)
     # Multirun jobs share this process: start each from a clean Keras state.
@@ -262,4 +265,4 @@ class Estimator:
 
 
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise interrupts.Interrupted(signum)

@@ -1,4 +1,5 @@
-"""Exit statuses of the command line: 0 success, 2 bad config or usage, 1 anything else, 130 interrupted.
+"""Exit statuses of the command line: 0 success, 2 bad config or usage, 130/143 interrupted by
+SIGINT/SIGTERM, 1 anything else.
 
 Nothing here imports TensorFlow: a config is checked against experiments/schema.py first, so a bad
 one is reported in about a second, before TensorFlow's start-up messages.
@@ -18,7 +19,7 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from experiments import schema  # noqa: E402
+from experiments import interrupts, schema  # noqa: E402
 
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
 # A short random id in run directory names keeps runs started in the same second apart.
@@ -80,7 +81,7 @@ def exit_code(main) -> int:
     except (HydraException, OmegaConfBaseException) as error:
         _report(error, "config error")
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as experiments.interrupts.Interrupted
+        print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)
+        return interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
     return _status

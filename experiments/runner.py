@@ -23,7 +23,7 @@ from data.errors import ConfigError
 from data.input_fn import Pipeline, input_fn
 from data.skipped import SkipLog
 from data.tables import load_tables, path_columns
-from experiments import metrics, strategies
+from experiments import interrupts, leftovers, metrics, run_lock, strategies
 from experiments.summaries import Summaries, write_metrics
 from experiments.trainer import NonFiniteLossError, Trainer
 
@@ -34,6 +34,9 @@ MODES = ("train_and_evaluate", "train", "evaluate", "predict")
 def run(cfg):
     """Runs one Hydra job; the run directory is the model_dir."""
     model_dir = Path(HydraConfig.get().runtime.output_dir)
+    interrupts.install()  # SIGINT/SIGTERM: save a checkpoint, then exit 130/143
+    if run_lock.hold(model_dir):  # exit 2 if another process runs here; only the holder may clean up
+        leftovers.remove(model_dir)
     log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     log.info("Run directory: %s", model_dir)
     # Multirun jobs share this process: start each from a clean Keras state.
@@ -244,4 +247,4 @@ class Estimator:
 
 
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise interrupts.Interrupted(signum)

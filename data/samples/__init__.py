@@ -2,9 +2,10 @@
 import logging
 import os
 import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from data.samples import staging as staging_dir
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,11 @@ def parallel_map(fn, jobs):
 def sample_root(name: str, make_sample, seed: int = 0) -> Path:
     """Returns the sample's root, generating it first if it is not cached yet."""
     root = cache_home() / "samples" / f"{name}-v{VERSION}"
+    staging_dir.remove_stale(root.parent)  # what killed generations left
     if not root.exists():
         root.parent.mkdir(parents=True, exist_ok=True)
         # Generate beside the final place and rename, so a killed generation is never mistaken for a sample.
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root.parent))
+        staging = staging_dir.make(root.parent, name)
         try:
             make_sample(staging / "data", seed)
             os.rename(staging / "data", root)

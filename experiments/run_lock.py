@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from data.errors import ConfigError
+from experiments import strategies
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
@@ -27,23 +28,12 @@ LOCK_NAME = ".lock"
 _held = {}
 
 
-def is_chief_task() -> bool:
-    """Whether TF_CONFIG makes this process the chief: the task `chief`, or worker 0
-    when the cluster has no chief (MultiWorkerMirroredStrategy's rule); True without TF_CONFIG."""
-    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    cluster, task = config.get("cluster") or {}, config.get("task") or {}
-    if not cluster:
-        return True
-    kind, index = task.get("type"), int(task.get("index", 0))
-    return kind == "chief" or (kind == "worker" and index == 0 and "chief" not in cluster)
-
-
 def hold(run_dir) -> bool:
     """Takes the run directory's lock for this process's life; False on a non-chief worker.
 
     Raises ConfigError (exit 2) naming the holder when another process has it.
     """
-    if not is_chief_task():
+    if strategies.workers()[1] != 0:  # worker 0 is the chief (or the task `chief`, counted as worker 0)
         return False
     release()  # an earlier job of a multirun sweep in this process has finished
     run_dir = Path(run_dir)

@@ -51,12 +51,24 @@ def load_tables(task, root, verify_images, skipped, max_skipped_fraction) -> dic
     """
     tables = task.index(dataset_root(task, root), skipped)
     if verify_images:
-        paths = sorted({p for table in tables.values() for column in path_columns(table) for p in table[column]})
-        bad = undecodable(paths, task)
-        for path in sorted(bad):
-            skipped.add(path, "undecodable image")
-        tables = {name: table[~table[path_columns(table)].isin(bad).any(axis=1)].reset_index(drop=True)
-                  for name, table in tables.items()}
+        tables = drop_undecodable(tables, task, skipped)
+    check_skipped(tables, skipped, max_skipped_fraction)
+    return tables
+
+
+def drop_undecodable(tables, task, skipped) -> dict:
+    """`tables` without the rows whose images do not decode, each listed in `skipped`."""
+    paths = sorted({p for table in tables.values() for column in path_columns(table) for p in table[column]})
+    bad = undecodable(paths, task)
+    for path in sorted(bad):
+        skipped.add(path, "undecodable image")
+    return {name: table[~table[path_columns(table)].isin(bad).any(axis=1)].reset_index(drop=True)
+            for name, table in tables.items()}
+
+
+def check_skipped(tables, skipped, max_skipped_fraction) -> None:
+    """Logs each split's size; raises DatasetError when more than `max_skipped_fraction` of the examples
+    were skipped."""
     for name, table in tables.items():
         log.info("%s split: %d examples", name, len(table))
     kept = sum(len(table) for table in tables.values())
@@ -64,7 +76,6 @@ def load_tables(task, root, verify_images, skipped, max_skipped_fraction) -> dic
         raise DatasetError(f"{len(skipped)} of {kept + len(skipped)} examples were skipped ({skipped.summary()}), "
                            f"more than dataset.max_skipped_fraction={max_skipped_fraction}; fix the data or raise "
                            f"dataset.max_skipped_fraction (the skipped examples are listed in skipped.csv)")
-    return tables
 
 
 def undecodable(paths, task) -> set:

@@ -22,8 +22,9 @@ from data import caching, task_from_config
 from data.errors import ConfigError
 from data.input_fn import Pipeline, input_fn
 from data.skipped import SkipLog
-from data.tables import load_tables, path_columns
+from data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
 from experiments import interrupts, leftovers, metrics, run_lock, strategies
+from experiments.startup import StartupClock
 from experiments.summaries import Summaries, write_metrics
 from experiments.trainer import NonFiniteLossError, Trainer
 
@@ -33,6 +34,7 @@ MODES = ("train_and_evaluate", "train", "evaluate", "predict")
 
 def run(cfg):
     """Runs one Hydra job; the run directory is the model_dir."""
+    clock = StartupClock()
     model_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupts.install()  # SIGINT/SIGTERM: save a checkpoint, then exit 130/143
     if run_lock.hold(model_dir):  # exit 2 if another process runs here; only the holder may clean up
@@ -58,7 +60,12 @@ def run(cfg):
 
     # Input pipeline: index once, in Python; everything per example happens in tf.data.
     skipped = SkipLog()
-    tables = load_tables(task, cfg.dataset.root, cfg.pipeline.verify_images, skipped, cfg.dataset.max_skipped_fraction)
+    tables = task.index(dataset_root(task, cfg.dataset.root), skipped)
+    clock.lap("index")
+    if cfg.pipeline.verify_images:
+        tables = drop_undecodable(tables, task, skipped)
+        clock.lap("verify")
+    check_skipped(tables, skipped, cfg.dataset.max_skipped_fraction)
     # Under multi_worker only the chief writes the run directory's files; the others would clash.
     chief = strategies.is_chief(strategy)
     if chief:
@@ -66,10 +73,11 @@ def run(cfg):
 
     # Model, optimizer and global step.
     trainer = Trainer(cfg, spec, strategy, task.decode.size)
+    clock.lap("build")
     summaries = Summaries(str(model_dir), enabled=chief)
     summaries.hparams(cfg, metrics.headline(spec.task))
     estimator = Estimator(cfg, task, pipeline, trainer, summaries, model_dir, tables,
-                          context=strategies.input_context(strategy), worker=None if chief else worker)
+                          context=strategies.input_context(strategy), worker=None if chief else worker, clock=clock)
     if cfg.mode == "predict":
         estimator.predict()
     elif cfg.mode == "evaluate":
@@ -81,12 +89,14 @@ def run(cfg):
 class Estimator:
     """Trains to a step budget, evaluates on an interval, checkpoints and resumes."""
 
-    def __init__(self, cfg, task, pipeline, trainer, summaries, model_dir, tables, context=None, worker=None):
+    def __init__(self, cfg, task, pipeline, trainer, summaries, model_dir, tables, context=None, worker=None,
+                 clock=None):
         """`context`: this worker's tf.distribute.InputContext for training input; `worker`: None on the
-        chief, a non-chief worker's index, whose files go to a scratch folder."""
+        chief, a non-chief worker's index, whose files go to a scratch folder; `clock`: the start-up
+        clock, whose line train() logs after its first step."""
         self.cfg, self.task, self.spec, self.pipeline, self.trainer = cfg, task, task.SPEC, pipeline, trainer
         self.summaries, self.model_dir, self.tables, self.context = summaries, model_dir, tables, context
-        self.chief = worker is None
+        self.chief, self.clock = worker is None, clock or StartupClock()
         # Every worker takes part in saving (the variables are synchronised), but only the chief's
         # copy is kept; the others save into a scratch folder and delete it.
         self.checkpoint_dir = model_dir / "checkpoints"

@@ -4,13 +4,12 @@ Training runs in loops: one call of a traced function runs up to `trainer.steps_
 steps over the input iterator (Orbit's `steps_per_loop`), and the host reads the loop's
 results once, so it does not stop the device every step.
 
-input_wait_fraction, for any loop length: inside the loop, each step first asks the iterator for
-its batch only after the previous step (its update included) has finished, and `tf.timestamp()`
-ops time that request. A step's wait is the time from the previous step's end (or the loop's
-start) until its batch is there, the time the step sat idle for input, exactly what the host's
-`next(iterator)` timed when each step was its own call. The fraction is the loop's summed waits
-over its wall time on the host, the call and the read of its results included; with one step
-per loop it is the old per-step measure.
+input_wait_fraction, for any loop length: inside the loop, each step asks the iterator for its
+batch only after the previous step (its update included) has finished, and `tf.timestamp()` ops
+on either side of that request time it. A step's wait is how long its request took, the time the
+step sat idle for input: what the host's `next(iterator)` timed when every step was its own call.
+The fraction is the loop's summed waits over the loop's wall time on the host (the call, the
+loop's own overhead and the read of its results included).
 """
 import dataclasses
 import logging
@@ -206,18 +205,24 @@ class Trainer:
         """Runs `steps` steps, fewer once `max_nonfinite_steps` in a row were skipped (see the module
         docstring for the timing); returns the loop's results as tensors."""
         def keep_going(i, in_a_row, *_):
-            return tf.logical_and(i < steps, in_a_row < self.max_nonfinite_steps)
+            # At least one step, so a loop always has results to read back.
+            return tf.logical_and(i < steps, tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps))
 
         def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, finite):
             # Ask for the batch only once the previous step is done, so the timestamps see the step wait.
             with tf.control_dependencies([ready_at]):
+                asked_at = tf.timestamp()
+            with tf.control_dependencies([asked_at]):
                 batch = next(iterator)
             with tf.control_dependencies(tf.nest.flatten(batch)):
                 fetched_at = tf.timestamp()
+            # ...and start the step only after that timestamp, or it may queue behind the step's own ops.
+            with tf.control_dependencies([fetched_at]):
+                batch = tf.nest.map_structure(tf.identity, batch)
             step_loss, step_logits, step_labels, step_finite, in_a_row = self._step(*batch)
             with tf.control_dependencies([step_loss, step_logits, step_finite, in_a_row]):
                 done_at = tf.timestamp()
-            return (i + 1, in_a_row, done_at, wait + (fetched_at - ready_at),
+            return (i + 1, in_a_row, done_at, wait + (fetched_at - asked_at),
                     loss_sum + tf.where(step_finite, step_loss, 0.0), logits.write(i, step_logits),
                     labels.write(i, step_labels), finite.write(i, step_finite))
 

@@ -68,6 +68,10 @@ def loop_length(step, steps_per_loop, target, intervals) -> int:
     return min([steps_per_loop, target - step] + [every - step % every for every in intervals])
 
 
+def _host_clock():
+    return tf.reshape(tf.numpy_function(time.perf_counter, [], tf.float64, stateful=True), [])
+
+
 def _is_float(variable):
     return tf.as_dtype(variable.dtype).is_floating
 
@@ -101,6 +105,8 @@ class Trainer:
         self.steps_per_loop = _positive_int(cfg, "steps_per_loop", 1)
         self.max_nonfinite_steps = _positive_int(cfg, "max_nonfinite_steps", 3)
         self.mixed_precision = cfg.pipeline.dtype == "float16"
+        # tf.timestamp refuses to run under op determinism; a host clock called from the graph does not.
+        self._clock = _host_clock if cfg.deterministic else tf.timestamp
         self.preprocess = Preprocessing(cfg)
         with strategy.scope():
             self.model = BUILDERS[cfg.model.name](cfg.model, spec, image_size)
@@ -211,23 +217,23 @@ class Trainer:
         def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, finite):
             # Ask for the batch only once the previous step is done, so the timestamps see the step wait.
             with tf.control_dependencies([ready_at]):
-                asked_at = tf.timestamp()
+                asked_at = self._clock()
             with tf.control_dependencies([asked_at]):
                 batch = next(iterator)
             with tf.control_dependencies(tf.nest.flatten(batch)):
-                fetched_at = tf.timestamp()
+                fetched_at = self._clock()
             # ...and start the step only after that timestamp, or it may queue behind the step's own ops.
             with tf.control_dependencies([fetched_at]):
                 batch = tf.nest.map_structure(tf.identity, batch)
             step_loss, step_logits, step_labels, step_finite, in_a_row = self._step(*batch)
             with tf.control_dependencies([step_loss, step_logits, step_finite, in_a_row]):
-                done_at = tf.timestamp()
+                done_at = self._clock()
             return (i + 1, in_a_row, done_at, wait + (fetched_at - asked_at),
                     loss_sum + tf.where(step_finite, step_loss, 0.0), logits.write(i, step_logits),
                     labels.write(i, step_labels), finite.write(i, step_finite))
 
         labels_dtype = iterator.element_spec[1].dtype
-        start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), tf.timestamp(), tf.constant(0.0, tf.float64),
+        start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), self._clock(), tf.constant(0.0, tf.float64),
                  tf.constant(0.0), tf.TensorArray(tf.float32, size=0, dynamic_size=True),
                  tf.TensorArray(labels_dtype, size=0, dynamic_size=True),
                  tf.TensorArray(tf.bool, size=0, dynamic_size=True))

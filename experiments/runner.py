@@ -6,8 +6,6 @@ evaluate or predict).
 """
 import logging
 import shutil
-import signal
-import time
 from pathlib import Path
 
 import keras
@@ -26,7 +24,7 @@ from data.tables import check_skipped, dataset_root, drop_undecodable, path_colu
 from experiments import interrupts, leftovers, metrics, run_lock, strategies
 from experiments.startup import StartupClock
 from experiments.summaries import Summaries, write_metrics
-from experiments.trainer import NonFiniteLossError, Trainer
+from experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
 
 log = logging.getLogger(__name__)
 MODES = ("train_and_evaluate", "train", "evaluate", "predict")
@@ -129,7 +127,8 @@ class Estimator:
         self.trainer.checkpoint().restore(latest).expect_partial()
         log.info("Restored %s (global step %d)", latest, self.trainer.step)
 
-    def train(self, evaluate=True):
+    def _resume_training(self):
+        """The training iterator and checkpoint manager, restored from the run directory's latest checkpoint."""
         cfg, trainer = self.cfg, self.trainer
         iterator = iter(self._input_fn("train", training=True))
         save_input = cfg.trainer.checkpoint_input and caching.checkpointable(cfg.pipeline.cache)
@@ -148,64 +147,80 @@ class Estimator:
         if latest:
             checkpoint.restore(latest).assert_existing_objects_matched()
             log.info("Resumed from %s at global step %d", latest, trainer.step)
-        step = trainer.step
-        target = cfg.trainer.train_steps
+        return iterator, manager
+
+    def train(self, evaluate=True):
+        cfg, trainer = self.cfg, self.trainer
+        iterator, manager = self._resume_training()
+        self.clock.lap("input_fn")
+        step, target = trainer.step, cfg.trainer.train_steps
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
-        window = {"loss": [], "wait": [], "time": [], "logits": [], "labels": []}
+        # Loops end on every log, checkpoint and evaluation step, so those land where they would one step at a time.
+        intervals = [cfg.trainer.log_every, cfg.trainer.checkpoint_every] + ([cfg.trainer.eval_every] if evaluate else [])
+        window = []
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
-        previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             while step < target:
-                started = time.perf_counter()
-                features, labels, weights = next(iterator)
-                fetched = time.perf_counter()
-                loss, logits, labels = trainer.train_step(features, labels, weights)
-                loss = float(loss)  # waits for the step, so the timing below is the step's
-                finished = time.perf_counter()
+                loop = trainer.train_loop(iterator, loop_length(step, trainer.steps_per_loop, target, intervals))
+                self.clock.first_step(loop.steps)
+                window.append(loop)
                 step = trainer.step
-                if not np.isfinite(loss):
-                    raise NonFiniteLossError(f"training loss is {loss} at global step {step}; stopping "
-                                             f"(last good checkpoint: {self._latest_checkpoint()})")
-                window["loss"].append(loss)
-                window["wait"].append(fetched - started)
-                window["time"].append(finished - started)
-                window["logits"].append(logits.numpy())
-                window["labels"].append(labels.numpy())
-                examples_per_sec = cfg.pipeline.batch_size / (finished - started)
-                progress.update(1)
-                progress.set_postfix(loss=f"{loss:.4f}", examples_per_sec=f"{examples_per_sec:.0f}")
+                self._check_finite(loop, step)
+                progress.update(loop.steps)
+                progress.set_postfix(loss=f"{loop.loss:.4f}",
+                                     examples_per_sec=f"{cfg.pipeline.batch_size * loop.steps / loop.seconds:.0f}")
                 if step % cfg.trainer.log_every == 0 or step == target:
                     self._log_train(window, step)
                 if step % cfg.trainer.checkpoint_every == 0 or step == target:
-                    self._save(manager, step)
+                    self._save_finite(manager, step)
                 if evaluate and step % cfg.trainer.eval_every == 0 and step < target:
                     self.evaluate()
         except KeyboardInterrupt:
-            # Nothing is lost on Ctrl-C or SIGTERM: the step reached so far is saved.
+            # Nothing is lost on Ctrl-C or SIGTERM (experiments/interrupts.py): the step reached so far is saved.
+            # A signal is handled between loops, and every batch a loop took was trained on, so the global
+            # step, the weights and the iterator position agree.
+            step = trainer.step
             if step > 0:
-                self._save(manager, step)
+                self._log_train(window, step)
+                self._save_finite(manager, step)
                 log.warning("Interrupted at global step %d; saved a checkpoint to resume from", step)
             raise
         finally:
-            signal.signal(signal.SIGTERM, previous_sigterm)
             progress.close()
         if evaluate:
             self.evaluate()
 
+    def _check_finite(self, loop, step):
+        if loop.nonfinite:
+            log.warning("Skipped %d training step(s) with a non-finite loss or gradient norm, up to global step %d",
+                        loop.nonfinite, step)
+        if loop.nonfinite_in_a_row >= self.trainer.max_nonfinite_steps:
+            raise NonFiniteLossError(f"{loop.nonfinite_in_a_row} training steps in a row had a non-finite loss or "
+                                     f"gradient norm, the last at global step {step}; stopping (none was applied; "
+                                     f"last checkpoint: {self._latest_checkpoint()})")
+
+    def _save_finite(self, manager, step):
+        # Skipped updates keep the weights finite; this guards the checkpoint against anything else.
+        if not self.trainer.all_finite():
+            raise NonFiniteLossError(f"the model or optimizer holds non-finite values at global step {step}; not "
+                                     f"saving (last checkpoint: {self._latest_checkpoint()})")
+        self._save(manager, step)
+
     def _log_train(self, window, step):
-        if not window["loss"]:
+        if not window:
             return
-        logits, labels = np.concatenate(window["logits"]), np.concatenate(window["labels"])
-        values = {"loss": np.mean(window["loss"]),
+        loops = LoopStats.merge(window)
+        window.clear()
+        values = {"loss": loops.loss,
                   "learning_rate": self.trainer.learning_rate,
-                  "examples_per_sec": self.cfg.pipeline.batch_size * len(window["time"]) / sum(window["time"]),
-                  # The share of step time spent waiting for the next batch (the TF Profiler's input-bound measure).
-                  "input_wait_fraction": sum(window["wait"]) / sum(window["time"]),
-                  **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
+                  "examples_per_sec": self.cfg.pipeline.batch_size * loops.steps / loops.seconds,
+                  # The share of train time spent waiting for batches (experiments/trainer.py defines it per loop).
+                  "input_wait_fraction": loops.input_wait_fraction,
+                  "nonfinite_steps": loops.nonfinite}
+        if len(loops.logits):
+            values.update(metrics.evaluate(self.spec.task, self.spec.class_names, loops.labels, loops.logits))
         self.summaries.scalars("train", values, step)
-        for values_list in window.values():
-            values_list.clear()
 
     def _outputs(self, data, steps=None):
         """Logits and summed loss over `data`, padding removed, in table order."""
@@ -255,6 +270,3 @@ class Estimator:
         log.info("Wrote %d predictions for the %s split to %s", len(predictions), split,
                  self.model_dir / "predictions.csv")
 
-
-def _raise_interrupt(signum, frame):
-    raise interrupts.Interrupted(signum)

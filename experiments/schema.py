@@ -130,6 +130,8 @@ KEYS = {
     "trainer.keep_checkpoints": integer(1),
     "trainer.checkpoint_input": FLAG,
     "trainer.log_every": integer(1),
+    "trainer.steps_per_loop": integer(1),
+    "trainer.max_nonfinite_steps": integer(1),
     # Not read yet: every run trains with Adam until the optimizer setting is implemented.
     "trainer.optimizer": one_of("adam", "adamw", "sgd"),
     "trainer.learning_rate": number(0, low_open=True),

@@ -35,11 +35,13 @@ class StartupClock:
         self.laps.append((phase, now - self._last))
         self._last = now
 
-    def log_first_step(self) -> None:
-        """Logs the time to the first step once, with its laps, after the phase that ends with it."""
+    def first_step(self, steps: int) -> None:
+        """Laps the first training loop (`steps` steps, the trace included) and logs the time to the first
+        step with its laps; later calls do nothing."""
         if self.logged:
             return
         self.logged = True
+        self.lap(f"first loop of {steps} step{'s' if steps > 1 else ''}, trace included")
         total = sum(seconds for _, seconds in self.laps)
         log.info("Time to the first step: %.1f s (%s)", total,
                  ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.laps))

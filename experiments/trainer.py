@@ -1,7 +1,22 @@
-"""The model, optimizer, global step, checkpoints and the traced train and eval steps."""
+"""The model, optimizer, global step, checkpoints and the traced train loop and eval step.
+
+Training runs in loops: one call of a traced function runs up to `trainer.steps_per_loop`
+steps over the input iterator (Orbit's `steps_per_loop`), and the host reads the loop's
+results once, so it does not stop the device every step.
+
+input_wait_fraction, for any loop length: inside the loop, each step asks the iterator for its
+batch only after the previous step (its update included) has finished, and `tf.timestamp()` ops
+on either side of that request time it. A step's wait is how long its request took, the time the
+step sat idle for input: what the host's `next(iterator)` timed when every step was its own call.
+The fraction is the loop's summed waits over the loop's wall time on the host (the call, the
+loop's own overhead and the read of its results included).
+"""
+import dataclasses
 import logging
+import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from data.preprocessing import Preprocessing
@@ -12,34 +27,93 @@ log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite."""
+    """The training or evaluation loss, or the weights, became NaN or infinite."""
+
+
+@dataclasses.dataclass
+class LoopStats:
+    """What the host reads back from one or more train loops."""
+
+    steps: int  # steps run, skipped ones included
+    nonfinite: int  # steps skipped for a non-finite loss or gradient norm
+    nonfinite_in_a_row: int  # consecutive skipped steps up to the loop's end
+    loss_sum: float  # summed loss of the applied steps
+    wait: float  # seconds the steps waited for their batches (module docstring)
+    seconds: float  # wall time on the host
+    logits: np.ndarray  # the applied steps' logits, stacked over their batches
+    labels: np.ndarray
+
+    @classmethod
+    def merge(cls, loops):
+        return cls(steps=sum(s.steps for s in loops), nonfinite=sum(s.nonfinite for s in loops),
+                   nonfinite_in_a_row=loops[-1].nonfinite_in_a_row, loss_sum=sum(s.loss_sum for s in loops),
+                   wait=sum(s.wait for s in loops), seconds=sum(s.seconds for s in loops),
+                   logits=np.concatenate([s.logits for s in loops]),
+                   labels=np.concatenate([s.labels for s in loops]))
+
+    @property
+    def loss(self) -> float:
+        applied = self.steps - self.nonfinite
+        return self.loss_sum / applied if applied else float("nan")
+
+    @property
+    def input_wait_fraction(self) -> float:
+        return min(self.wait / self.seconds, 1.0) if self.seconds > 0 else 0.0
+
+
+def loop_length(step, steps_per_loop, target, intervals) -> int:
+    """Steps in the next loop: `steps_per_loop`, clipped so that the global step lands exactly on
+    `target` and on the next multiple of each interval (logging, checkpoints, evaluation)."""
+    return min([steps_per_loop, target - step] + [every - step % every for every in intervals])
+
+
+def _host_clock():
+    return tf.reshape(tf.numpy_function(time.perf_counter, [], tf.float64, stateful=True), [])
+
+
+def _is_float(variable):
+    return tf.as_dtype(variable.dtype).is_floating
 
 
 class Trainer:
-    """Owns what a checkpoint holds and the two step functions, each traced once.
+    """Owns what a checkpoint holds, the traced train loop and the traced eval step.
 
     Batches of uint8 images arrive whole (global batches; under multi_worker a
     training batch is the worker's share) and are split evenly across replicas
     inside the step, so the input iterator stays a plain, checkpointable
     iterator under every strategy. Each replica then augments and
     normalises its share on its own device (data/preprocessing.py).
+
+    A step whose loss, or gradients' global norm, is NaN or infinite is not applied:
+    the weights, the optimizer and the batch-norm statistics stay as they were, and
+    `nonfinite_in_a_row` counts it. Under float16 only the loss is checked, since the
+    loss-scale optimizer skips overflowing scaled gradients itself, as it should.
     """
 
     def __init__(self, cfg, spec, strategy, image_size):
         self.spec, self.strategy = spec, strategy
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch_size = cfg.pipeline.batch_size
+        self.steps_per_loop = cfg.trainer.steps_per_loop
+        self.max_nonfinite_steps = cfg.trainer.max_nonfinite_steps
+        self.mixed_precision = cfg.pipeline.dtype == "float16"
+        # tf.timestamp refuses to run under op determinism; a host clock called from the graph does not.
+        self._clock = _host_clock if cfg.deterministic else tf.timestamp
         self.preprocess = Preprocessing.from_config(cfg)
         with strategy.scope():
             self.model = BUILDERS[cfg.model.name](cfg.model, spec, image_size)
             self.optimizer = keras.optimizers.Adam(cfg.trainer.learning_rate)
-            if cfg.pipeline.dtype == "float16":
+            if self.mixed_precision:
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             # Keras 3 optimizers must create their slots before the first distributed step (keras#19246).
             self.optimizer.build(self.model.trainable_variables)
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            # Not checkpointed: a resumed run counts afresh.
+            self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
         self.train_step = tf.function(self._train_step)
-        self.eval_step = tf.function(self._eval_step)
+        self._loop = tf.function(self._train_loop)
+        self.eval_step = _CheckedEvalStep(tf.function(self._eval_step), self)
+        self._all_finite = tf.function(self._variables_finite)
 
     def _per_replica(self, batch):
         if self.replicas == 1:
@@ -58,26 +132,120 @@ class Trainer:
     def _gather(self, value):
         return self.strategy.gather(value, axis=0) if self.replicas > 1 else value
 
-    def _train_step(self, features, labels, weights):
+    def _replica_step(self, step, features, labels, weights):
+        features = self.preprocess(features, training=True, step=step)
+        with tf.GradientTape() as tape:
+            logits = self.model(features, training=True)
+            # Divide by the global batch, not the replica's: the all-reduce sums the replicas' gradients.
+            loss = tf.reduce_sum(metrics.per_example_loss(self.spec.task, labels, logits) * weights)
+            loss = loss / self.global_batch_size
+            if self.model.losses:
+                loss += tf.add_n(self.model.losses) / self.replicas
+            scaled = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, self.model.trainable_variables)
+        finite = self._finite(loss, gradients)
+        self._apply_if(finite, gradients)
+        return loss, tf.cast(logits, tf.float32), labels, finite
+
+    def _finite(self, loss, gradients):
+        """Whether every replica's loss (and, outside float16, gradient norm) is finite; the same on all."""
+        finite = tf.math.is_finite(loss)
+        if not self.mixed_precision:
+            finite = tf.logical_and(finite, tf.math.is_finite(tf.linalg.global_norm(gradients)))
+        # Every replica must take the same branch below: the update all-reduces across them.
+        failed = tf.distribute.get_replica_context().all_reduce("SUM", tf.cast(tf.logical_not(finite), tf.float32))
+        return failed == 0
+
+    def _apply_if(self, finite, gradients):
+        variables = self.model.trainable_variables
+
+        def apply():
+            self.optimizer.apply(gradients, variables)
+            return tf.constant(True)
+
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            return tf.cond(finite, apply, lambda: tf.constant(False))
+
+        # A cond whose branch calls merge_call (the optimizer's all-reduce) must sit in the cross-replica
+        # context, as Keras' LossScaleOptimizer does it.
+        def cross_replica(strategy, finite):
+            def apply_on_every_replica():
+                strategy.extended.call_for_each_replica(apply)
+                return tf.constant(True)
+
+            finite = strategy.experimental_local_results(finite)[0]
+            return tf.cond(finite, apply_on_every_replica, lambda: tf.constant(False))
+
+        return tf.distribute.get_replica_context().merge_call(cross_replica, args=(finite,))
+
+    def _step(self, features, labels, weights):
+        """One train step in the cross-replica context; returns (loss, logits, labels, finite, in_a_row)."""
         step = self.global_step.read_value()
-
-        def replica_step(features, labels, weights):
-            features = self.preprocess(features, training=True, step=step)
-            with tf.GradientTape() as tape:
-                logits = self.model(features, training=True)
-                # Divide by the global batch, not the replica's: the all-reduce sums the replicas' gradients.
-                loss = tf.reduce_sum(metrics.per_example_loss(self.spec.task, labels, logits) * weights)
-                loss = loss / self.global_batch_size
-                if self.model.losses:
-                    loss += tf.add_n(self.model.losses) / self.replicas
-                scaled = self.optimizer.scale_loss(loss)
-            gradients = tape.gradient(scaled, self.model.trainable_variables)
-            self.optimizer.apply(gradients, self.model.trainable_variables)
-            return loss, tf.cast(logits, tf.float32), labels
-
-        loss, logits, labels = self.strategy.run(replica_step, args=self._per_replica((features, labels, weights)))
+        # The forward pass updates batch-norm statistics even when the step is then skipped: keep a copy.
+        statistics = [v for v in self.model.non_trainable_variables if _is_float(v)]
+        kept = [tf.identity(v.value) for v in statistics]
+        loss, logits, labels, finite = self.strategy.run(
+            self._replica_step, args=(step, *self._per_replica((features, labels, weights))))
+        finite = self.strategy.experimental_local_results(finite)[0]  # the same on every replica
+        for variable, value in zip(statistics, kept):
+            variable.assign(tf.where(finite, variable.value, value))
+        in_a_row = self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64),
+                                                           self.nonfinite_in_a_row + 1))
         self.global_step.assign_add(1)
-        return self.strategy.reduce("SUM", loss, axis=None), self._gather(logits), self._gather(labels)
+        loss = self.strategy.reduce("SUM", loss, axis=None)
+        return loss, self._gather(logits), self._gather(labels), finite, in_a_row
+
+    def _train_step(self, features, labels, weights):
+        """One step on one batch: (loss, logits, labels). The runner trains with `train_loop`."""
+        return self._step(features, labels, weights)[:3]
+
+    def _train_loop(self, iterator, steps):
+        """Runs `steps` steps, fewer once `max_nonfinite_steps` in a row were skipped (see the module
+        docstring for the timing); returns the loop's results as tensors."""
+        def keep_going(i, in_a_row, *_):
+            # At least one step, so a loop always has results to read back.
+            return tf.logical_and(i < steps, tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps))
+
+        def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, finite):
+            # Ask for the batch only once the previous step is done, so the timestamps see the step wait.
+            with tf.control_dependencies([ready_at]):
+                asked_at = self._clock()
+            with tf.control_dependencies([asked_at]):
+                batch = next(iterator)
+            with tf.control_dependencies(tf.nest.flatten(batch)):
+                fetched_at = self._clock()
+            # ...and start the step only after that timestamp, or it may queue behind the step's own ops.
+            with tf.control_dependencies([fetched_at]):
+                batch = tf.nest.map_structure(tf.identity, batch)
+            step_loss, step_logits, step_labels, step_finite, in_a_row = self._step(*batch)
+            with tf.control_dependencies([step_loss, step_logits, step_finite, in_a_row]):
+                done_at = self._clock()
+            return (i + 1, in_a_row, done_at, wait + (fetched_at - asked_at),
+                    loss_sum + tf.where(step_finite, step_loss, 0.0), logits.write(i, step_logits),
+                    labels.write(i, step_labels), finite.write(i, step_finite))
+
+        labels_dtype = iterator.element_spec[1].dtype
+        start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), self._clock(), tf.constant(0.0, tf.float64),
+                 tf.constant(0.0), tf.TensorArray(tf.float32, size=0, dynamic_size=True),
+                 tf.TensorArray(labels_dtype, size=0, dynamic_size=True),
+                 tf.TensorArray(tf.bool, size=0, dynamic_size=True))
+        count, in_a_row, _, wait, loss_sum, logits, labels, finite = tf.while_loop(keep_going, body, start)
+        return dict(steps=count, in_a_row=in_a_row, wait=wait, loss_sum=loss_sum, logits=logits.stack(),
+                    labels=labels.stack(), finite=finite.stack())
+
+    def train_loop(self, iterator, steps) -> LoopStats:
+        """Runs up to `steps` train steps over `iterator` in one traced call (one trace serves
+        every count) and reads the results back once."""
+        started = time.perf_counter()
+        out = self._loop(iterator, tf.constant(steps, tf.int32))
+        out = {key: value.numpy() for key, value in out.items()}  # the first read waits for the loop
+        seconds = time.perf_counter() - started
+        finite = out["finite"]
+        logits, labels = out["logits"][finite], out["labels"][finite]
+        return LoopStats(steps=int(out["steps"]), nonfinite=int((~finite).sum()),
+                         nonfinite_in_a_row=int(out["in_a_row"]), loss_sum=float(out["loss_sum"]),
+                         wait=float(out["wait"]), seconds=seconds,
+                         logits=logits.reshape(-1, *logits.shape[2:]), labels=labels.reshape(-1, *labels.shape[2:]))
 
     def _eval_step(self, features, labels, weights):
         def replica_step(features, labels, weights):
@@ -87,6 +255,14 @@ class Trainer:
 
         loss, logits = self.strategy.run(replica_step, args=self._per_replica((features, labels, weights)))
         return self.strategy.reduce("SUM", loss, axis=None), self._gather(logits)
+
+    def _variables_finite(self):
+        variables = [v for v in self.model.variables + self.optimizer.variables if _is_float(v)]
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v.value)) for v in variables])
+
+    def all_finite(self) -> bool:
+        """Whether every float variable of the model and the optimizer is finite."""
+        return bool(self._all_finite())
 
     def checkpoint(self, iterator=None) -> tf.train.Checkpoint:
         parts = dict(model=self.model, optimizer=self.optimizer, global_step=self.global_step)
@@ -102,3 +278,19 @@ class Trainer:
     @property
     def learning_rate(self) -> float:
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
+
+
+class _CheckedEvalStep:
+    """The traced eval step, with its summed loss checked on the host, which reads it anyway."""
+
+    def __init__(self, traced, trainer):
+        self.traced, self.trainer = traced, trainer
+
+    def __call__(self, features, labels, weights):
+        loss, logits = self.traced(features, labels, weights)
+        if not np.isfinite(float(loss)):
+            raise NonFiniteLossError(f"evaluation loss is {float(loss)} at global step {self.trainer.step}")
+        return loss, logits
+
+    def experimental_get_tracing_count(self):
+        return self.traced.experimental_get_tracing_count()

@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""Train steps/s at trainer.steps_per_loop 1 vs 50, on each dataset's default model and input.
+
+    python benchmarks/steps_per_loop.py [--datasets lfw_pairs,imagenet_det] [--loops 1,50]
+                                        [--rounds lfw_pairs=3,imagenet_det=1]
+                                        [--steps lfw_pairs=100,imagenet_det=50]
+
+For each dataset it builds the run's default Trainer (experiments/trainer.py) and the default
+training pipeline on the embedded sample (input_fn, source=files), warms both up (the one
+trace, the pipeline's buffers), then runs the same number of steps once per loop length in
+paired rounds, the order swapped every round, so drift and other processes' load fall on
+every row alike. Each row calls Trainer.train_loop as the runner does, which leaves out only
+the runner's per-loop logging. Reported per row (medians over rounds): steps/s, images/s (an
+LFW example is two images), images per CPU-second of this process (os.times, tf.data's threads
+included), and the input-wait fraction; per dataset, the median ratio of steps/s to the first
+loop length, with its spread (min–max over rounds). The 1-minute load average is printed
+before and after: on a shared machine it says how much the figures can be trusted.
+"""
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import tensorflow as tf  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from data import images  # noqa: E402
+from data.input_fn import dataset_module, input_fn, load_tables  # noqa: E402
+from data.skipped import SkipLog  # noqa: E402
+from experiments import strategies  # noqa: E402
+from experiments.trainer import Trainer  # noqa: E402
+
+# About 5 minutes in all on 2 busy cores, where a semi-AlexNet step on 415x482 images takes 1-1.5 s.
+DEFAULT_STEPS = {"lfw_pairs": 100, "imagenet_det": 50}
+DEFAULT_ROUNDS = {"lfw_pairs": 3, "imagenet_det": 1}
+
+
+def per_dataset(text, defaults):
+    """`lfw_pairs=100,imagenet_det=50` over `defaults`."""
+    return {**defaults, **{key: int(value) for key, value in (item.split("=") for item in text.split(",") if item)}}
+
+
+def build(dataset):
+    """The dataset's default config, Trainer and training iterator; and images per example."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"dataset={dataset}"])
+    tf.keras.utils.set_random_seed(cfg.seed)
+    module = dataset_module(cfg)
+    tables = load_tables(cfg, SkipLog())
+    trainer = Trainer(cfg, module.SPEC, strategies.make_strategy(cfg.strategy), images.configured_size(cfg))
+    iterator = iter(input_fn(cfg, tables["train"], training=True, split="train"))
+    return cfg, trainer, iterator, 2 if module.SPEC.paired else 1
+
+
+def measure(trainer, iterator, steps, per_loop):
+    """Runs `steps` steps in loops of `per_loop`; returns wall seconds, CPU seconds and wait fraction."""
+    times, started = os.times(), time.perf_counter()
+    wait = 0.0
+    for _ in range(steps // per_loop):
+        wait += trainer.train_loop(iterator, per_loop).wait
+    seconds = time.perf_counter() - started
+    after = os.times()
+    cpu = (after.user - times.user) + (after.system - times.system)
+    return {"seconds": seconds, "cpu": cpu, "wait": wait / seconds}
+
+
+def bench(dataset, loops, rounds, steps):
+    cfg, trainer, iterator, images_per_example = build(dataset)
+    steps = max(loops) * max(1, steps // max(loops))  # whole loops of every length
+    started = time.perf_counter()
+    trainer.train_loop(iterator, 3)  # the one trace, which serves every loop length, and the pipeline's warm-up
+    print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size}, "
+          f"{steps} steps per row; trace + warm-up {time.perf_counter() - started:.1f} s", flush=True)
+    rows = {per_loop: [] for per_loop in loops}
+    for number in range(rounds):
+        for per_loop in (loops if number % 2 == 0 else loops[::-1]):
+            rows[per_loop].append(measure(trainer, iterator, steps, per_loop))
+    batch_images = cfg.pipeline.batch_size * images_per_example
+    print(f"\n| {dataset} steps_per_loop | steps/s | images/s | images/CPU-s | input wait | ratio to {loops[0]} "
+          f"(min–max) |\n|---|---|---|---|---|---|")
+    for per_loop, runs in rows.items():
+        ratios = [rows[loops[0]][k]["seconds"] / run["seconds"] for k, run in enumerate(runs)]
+        rate = statistics.median(steps / run["seconds"] for run in runs)
+        per_cpu = statistics.median(steps * batch_images / run["cpu"] for run in runs)
+        wait = statistics.median(run["wait"] for run in runs)
+        print(f"| {per_loop} | {rate:.2f} | {rate * batch_images:.0f} | {per_cpu:.0f} | {wait:.3f} | "
+              f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f}) |")
+    print(flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", default="lfw_pairs,imagenet_det")
+    parser.add_argument("--loops", default="1,50", help="loop lengths to compare; the first is the baseline")
+    parser.add_argument("--rounds", default="", help="paired rounds per dataset, e.g. lfw_pairs=3,imagenet_det=1")
+    parser.add_argument("--steps", default="", help="steps per row, e.g. lfw_pairs=100,imagenet_det=50")
+    args = parser.parse_args()
+    steps, rounds = per_dataset(args.steps, DEFAULT_STEPS), per_dataset(args.rounds, DEFAULT_ROUNDS)
+    loops = [int(n) for n in args.loops.split(",")]
+    print("command: python benchmarks/steps_per_loop.py " + shlex.join(sys.argv[1:]))
+    print(f"load average (1 min) before: {os.getloadavg()[0]:.2f}; cores: {len(os.sched_getaffinity(0))}")
+    for dataset in args.datasets.split(","):
+        bench(dataset, loops, rounds[dataset], steps[dataset])
+    print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

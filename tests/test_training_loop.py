@@ -1,0 +1,165 @@
+"""Train loops of trainer.steps_per_loop steps: boundaries, input wait, same weights, non-finite steps."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data.spec import DatasetSpec
+from experiments.trainer import NonFiniteLossError, Trainer, loop_length
+from tests.conftest import PROJECT, compose, event_tags, run_cli
+
+PAIRS = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3, paired=True)
+SIZE, BATCH = 48, 4
+# A tiny LFW run: small faces and batches, a narrow siamese CNN.
+TINY_LFW = ("dataset=lfw_pairs", "pipeline.image_size=24", "pipeline.batch_size=8", "model.widths=[8,16]",
+            "model.embedding_size=16", "model.head_units=8", "trainer.eval_steps=2")
+
+
+def test_loop_length_lands_on_every_boundary():
+    intervals = [3, 5, 6]  # log, checkpoint, eval
+    step, ends = 0, []
+    while step < 8:
+        step += loop_length(step, 4, 8, intervals)
+        ends.append(step)
+    assert ends == [3, 5, 6, 8]
+    assert loop_length(0, 50, 1000, [100, 100, 500]) == 50
+    assert loop_length(90, 50, 1000, [100, 100, 500]) == 10
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    cfg = compose("dataset=lfw_pairs", f"pipeline.image_size={SIZE}", f"pipeline.batch_size={BATCH}",
+                  "model.widths=[16,32]", "model.embedding_size=4", "model.head_units=4", "trainer.max_nonfinite_steps=3")
+    return Trainer(cfg, PAIRS, tf.distribute.get_strategy(), (SIZE, SIZE))
+
+
+def pairs(weight=1.0):
+    """Unbatched LFW-like examples: a pair of uint8 faces, a float label and an example weight."""
+    image = tf.cast(tf.random.stateless_uniform([SIZE, SIZE, 3], [1, 2], maxval=255), tf.uint8)
+    return tf.data.Dataset.from_tensors(((image, image), tf.ones([1]), tf.constant(weight)))
+
+
+def test_slow_input_reads_as_waiting_and_cached_input_does_not(trainer):
+    def sleep(x):
+        time.sleep(0.05)
+        return x
+
+    slow = pairs().repeat().map(lambda features, label, weight: (
+        features, tf.numpy_function(sleep, [label], tf.float32, stateful=True), weight))
+    slow = iter(slow.map(lambda f, label, w: (f, tf.ensure_shape(label, [1]), w)).batch(BATCH).prefetch(1))
+    cached = iter(pairs().repeat(8).cache().repeat().batch(BATCH).prefetch(tf.data.AUTOTUNE))
+    trainer.train_loop(cached, 2)  # the trace, out of the timings
+    for steps in (1, 4):
+        assert trainer.train_loop(slow, steps).input_wait_fraction >= 0.5
+    fractions = [trainer.train_loop(cached, steps).input_wait_fraction for steps in (1, 20, 20)]
+    # One step's fraction is noisy on a shared machine; a loop of 20 averages it.
+    assert min(fractions[1:]) <= 0.05, fractions
+    assert trainer._loop.experimental_get_tracing_count() == 1  # one trace serves every loop length
+
+
+def variables(trainer):
+    return [v.numpy().copy() for v in trainer.model.variables + trainer.optimizer.variables]
+
+
+def test_a_non_finite_step_is_skipped_and_max_in_a_row_stops_the_loop(trainer):
+    good, bad = (iter(pairs(weight).repeat().batch(BATCH)) for weight in (1.0, float("nan")))
+    trainer.train_loop(good, 1)
+    before, step = variables(trainer), trainer.step
+    loop = trainer.train_loop(bad, 2)
+    assert (loop.steps, loop.nonfinite, loop.nonfinite_in_a_row) == (2, 2, 2)
+    assert np.isnan(loop.loss) and len(loop.logits) == 0
+    assert trainer.step == step + 2  # the batches were used up, but nothing was applied
+    for old, new in zip(before, variables(trainer)):  # weights, batch-norm statistics and optimizer state
+        np.testing.assert_array_equal(old, new)
+    loop = trainer.train_loop(bad, 10)
+    assert (loop.steps, loop.nonfinite_in_a_row) == (1, 3)  # stops at the third in a row
+    assert trainer.all_finite()
+    loop = trainer.train_loop(good, 2)
+    assert (loop.nonfinite, loop.nonfinite_in_a_row) == (0, 0) and np.isfinite(loop.loss)
+
+
+def test_non_finite_evaluation_loss_raises(trainer):
+    batch = next(iter(pairs().batch(BATCH)))
+    trainer.eval_step(*batch)
+    bias = trainer.model.get_layer("logits").bias
+    kept = bias.numpy()
+    bias.assign(np.full(kept.shape, np.nan, kept.dtype))
+    try:
+        assert not trainer.all_finite()
+        with pytest.raises(NonFiniteLossError, match="evaluation loss is nan at global step"):
+            trainer.eval_step(*batch)
+    finally:
+        bias.assign(kept)
+
+
+def final_tensors(run_dir, step):
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints" / f"ckpt-{step}"))
+    # The input iterator's state is a variant tensor, which numpy cannot hold.
+    return {name: reader.get_tensor(name) for name, dtype in reader.get_variable_to_dtype_map().items()
+            if dtype != tf.variant}
+
+
+def scalar_steps(logdir, tag):
+    accumulator, _ = event_tags(logdir)
+    return [event.step for event in accumulator.Tensors(tag)]
+
+
+def test_loops_train_the_same_weights_and_land_on_the_same_steps(tmp_path):
+    common = (*TINY_LFW, "deterministic=true", "trainer.train_steps=8", "trainer.log_every=3",
+              "trainer.checkpoint_every=5", "trainer.eval_every=6")
+    for loop in (1, 4):
+        result = run_cli(*common, f"trainer.steps_per_loop={loop}", f"hydra.run.dir={tmp_path / str(loop)}")
+        assert result.returncode == 0, result.stderr[-3000:]
+    one, four = tmp_path / "1", tmp_path / "4"
+    assert sorted(p.name for p in (four / "checkpoints").glob("*.index")) == ["ckpt-5.index", "ckpt-8.index"]
+    assert scalar_steps(four / "train", "loss") == scalar_steps(one / "train", "loss") == [3, 6, 8]
+    assert scalar_steps(four / "train", "nonfinite_steps") == [3, 6, 8]
+    assert scalar_steps(four / "validation", "loss") == [6, 8]
+    assert json.loads((four / "metrics.json").read_text()) == json.loads((one / "metrics.json").read_text())
+    for step in (5, 8):
+        expected, actual = final_tensors(one, step), final_tensors(four, step)
+        assert expected.keys() == actual.keys()
+        for name, value in expected.items():
+            assert np.array_equal(value, actual[name]), name
+
+
+def test_huge_learning_rate_exits_1_without_a_non_finite_checkpoint(tmp_path):
+    result = run_cli(*TINY_LFW, "trainer.learning_rate=1e30", "trainer.train_steps=40", "trainer.steps_per_loop=4",
+                     "trainer.checkpoint_every=1", "trainer.log_every=1", "trainer.eval_every=1000",
+                     f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 3 training steps in a row had a non-finite loss"), last
+    checkpoints = sorted((tmp_path / "checkpoints").glob("ckpt-*.index"))
+    assert checkpoints
+    for index in checkpoints:
+        reader = tf.train.load_checkpoint(str(index.with_suffix("")))
+        for name, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype.is_floating:
+                assert np.isfinite(reader.get_tensor(name)).all(), (index.name, name)
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_sigterm_saves_the_step_its_weights_hold_and_resumes(tmp_path):
+    args = [*TINY_LFW, "trainer.train_steps=100000", "trainer.steps_per_loop=7", "trainer.checkpoint_every=20",
+            "trainer.eval_every=100000", "trainer.log_every=1000", f"hydra.run.dir={tmp_path}"]
+    process = subprocess.Popen([sys.executable, "run.py", *args], cwd=PROJECT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (tmp_path / "checkpoints" / "ckpt-20.index").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 130
+    saved = max(int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").glob("ckpt-*.index"))
+    assert saved >= 20
+    assert final_tensors(tmp_path, saved)["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == saved
+    resumed = run_cli(*[a for a in args if "train_steps" not in a], f"trainer.train_steps={saved + 3}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"at global step {saved}" in resumed.stdout

@@ -265,7 +265,16 @@ class Trainer:
         return bool(self._all_finite())
 
     def checkpoint(self, iterator=None) -> tf.train.Checkpoint:
-        parts = dict(model=self.model, optimizer=self.optimizer, global_step=self.global_step)
+        """What a checkpoint holds: model, optimizer, global step, random state and, when given, the input iterator.
+
+        Keras 3 leaves a Dropout layer's seed-generator state out of the model's checkpoint
+        (checked: a restored model drew other masks), so a resumed run would diverge; it is saved
+        beside the model. The step's augmentation draws are seeded by the global step.
+        """
+        random_state = [variable for variable in self.model.non_trainable_variables
+                        if variable.path.endswith("seed_generator_state")]
+        parts = dict(model=self.model, optimizer=self.optimizer, global_step=self.global_step,
+                     random_state=random_state)
         if iterator is not None:
             parts["input_iterator"] = iterator
         return tf.train.Checkpoint(**parts)

@@ -1,0 +1,38 @@
+"""Exact resume: a run stopped and resumed ends with the weights of one that never stopped, bit for bit."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import run_cli
+
+SMALL = ("pipeline.batch_size=4", "trainer.checkpoint_every=3", "trainer.eval_every=100", "trainer.eval_steps=1",
+         "deterministic=true")
+# Each dataset's default model, small enough to compile in seconds (the chest default, ResNet-v2-152, in the slow suite).
+CASES = {
+    "imagenet_det": ("dataset=imagenet_det", "pipeline.image_size=64"),  # semi-AlexNet with dropout 0.5
+    "lfw_pairs": ("dataset=lfw_pairs", "pipeline.image_size=32"),
+    "chest_xray": ("dataset=chest_xray", "pipeline.image_size=32"),
+}
+
+
+def _final_weights(run_dir):
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+    names = [name for name, _ in tf.train.list_variables(str(run_dir / "checkpoints"))
+             if name.startswith(("model/", "optimizer/", "random_state/"))]
+    return {name: reader.get_tensor(name) for name in names}
+
+
+@pytest.mark.parametrize("dataset", [pytest.param(name, marks=pytest.mark.slow) if name == "chest_xray" else name
+                                     for name in CASES])
+def test_a_resumed_run_ends_with_the_weights_of_an_unbroken_one(tmp_path, dataset):
+    args = [*CASES[dataset], *SMALL]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    for run_dir, budgets in ((straight, [6]), (stopped, [3, 6])):
+        for steps in budgets:
+            result = run_cli(*args, f"trainer.train_steps={steps}", f"hydra.run.dir={run_dir}")
+            assert result.returncode == 0, result.stderr[-3000:]
+    expected, resumed = _final_weights(straight), _final_weights(stopped)
+    assert set(expected) == set(resumed) and any(name.startswith("random_state/") for name in expected) == (
+        dataset == "imagenet_det")  # semi-AlexNet's dropout is the one random layer
+    different = [name for name in expected if not np.array_equal(expected[name], resumed[name])]
+    assert not different, different

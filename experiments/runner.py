@@ -7,7 +7,6 @@ evaluate or predict).
 import logging
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import keras
@@ -156,8 +155,9 @@ class Estimator:
         target = cfg.trainer.train_steps
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
-        # Loops end on every log, checkpoint and evaluation step, so those land where they would one step at a time.
-        intervals = [cfg.trainer.log_every, cfg.trainer.checkpoint_every] + ([cfg.trainer.eval_every] if evaluate else [])
+        # Loops end on every log, checkpoint and evaluation step, so these land as they would step by step.
+        intervals = [cfg.trainer.log_every, cfg.trainer.checkpoint_every]
+        intervals += [cfg.trainer.eval_every] if evaluate else []
         window = []
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
         previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -77,6 +77,7 @@ def _is_float(variable):
 
 
 def _positive_int(cfg, key, default):
+    # `default` serves run directories whose saved config predates the key; conf/trainer sets both.
     value = cfg.trainer.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"trainer.{key}={value} must be a positive integer")

@@ -156,8 +156,9 @@ class Estimator:
         step, target = trainer.step, cfg.trainer.train_steps
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
-        # Loops end on every log, checkpoint and evaluation step, so those land where they would one step at a time.
-        intervals = [cfg.trainer.log_every, cfg.trainer.checkpoint_every] + ([cfg.trainer.eval_every] if evaluate else [])
+        # Loops end on every log, checkpoint and evaluation step, so these land as they would step by step.
+        intervals = [cfg.trainer.log_every, cfg.trainer.checkpoint_every]
+        intervals += [cfg.trainer.eval_every] if evaluate else []
         window = []
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
         try:

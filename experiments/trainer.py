@@ -230,8 +230,8 @@ class Trainer:
                  tf.TensorArray(labels_dtype, size=0, dynamic_size=True),
                  tf.TensorArray(tf.bool, size=0, dynamic_size=True))
         count, in_a_row, _, wait, loss_sum, logits, labels, finite = tf.while_loop(keep_going, body, start)
-        return dict(steps=count, in_a_row=in_a_row, wait=wait, loss_sum=loss_sum, logits=logits.stack(),
-                    labels=labels.stack(), finite=finite.stack())
+        return {"steps": count, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "logits": logits.stack(),
+                "labels": labels.stack(), "finite": finite.stack()}
 
     def train_loop(self, iterator, steps) -> LoopStats:
         """Runs up to `steps` train steps over `iterator` in one traced call (one trace serves

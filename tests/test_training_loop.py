@@ -34,7 +34,8 @@ def test_loop_length_lands_on_every_boundary():
 @pytest.fixture(scope="module")
 def trainer():
     cfg = compose("dataset=lfw_pairs", f"pipeline.image_size={SIZE}", f"pipeline.batch_size={BATCH}",
-                  "model.widths=[16,32]", "model.embedding_size=4", "model.head_units=4", "trainer.max_nonfinite_steps=3")
+                  "model.widths=[16,32]", "model.embedding_size=4", "model.head_units=4",
+                  "trainer.max_nonfinite_steps=3")
     return Trainer(cfg, PAIRS, tf.distribute.get_strategy(), (SIZE, SIZE))
 
 

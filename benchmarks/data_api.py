@@ -46,11 +46,16 @@ class DatasetInfo:
 
 def compose_cfg(dataset, batch_size, image_size, *overrides):
     """The project's config for `dataset`, composed with Hydra as `python run.py` would."""
+    return compose_defaults(dataset, f"pipeline.batch_size={batch_size}", f"pipeline.image_size={image_size}",
+                            *overrides)
+
+
+def compose_defaults(dataset, *overrides):
+    """The project's config for `dataset`: its own defaults (model, sizes, batch), then `overrides`."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        return compose(config_name="config", overrides=[f"dataset={dataset}", f"pipeline.batch_size={batch_size}",
-                                                        f"pipeline.image_size={image_size}", *overrides])
+        return compose(config_name="config", overrides=[f"dataset={dataset}", *overrides])
 
 
 def dataset_absent(name):

@@ -26,14 +26,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 
-from data import images  # noqa: E402
-from data.input_fn import dataset_module, input_fn, load_tables  # noqa: E402
-from data.skipped import SkipLog  # noqa: E402
+import data_api  # noqa: E402
 from experiments import strategies  # noqa: E402
 from experiments.trainer import Trainer  # noqa: E402
 
@@ -49,14 +47,12 @@ def per_dataset(text, defaults):
 
 def build(dataset):
     """The dataset's default config, Trainer and training iterator; and images per example."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"dataset={dataset}"])
+    cfg = data_api.compose_defaults(dataset)
     tf.keras.utils.set_random_seed(cfg.seed)
-    module = dataset_module(cfg)
-    tables = load_tables(cfg, SkipLog())
-    trainer = Trainer(cfg, module.SPEC, strategies.make_strategy(cfg.strategy), images.configured_size(cfg))
-    iterator = iter(input_fn(cfg, tables["train"], training=True, split="train"))
-    return cfg, trainer, iterator, 2 if module.SPEC.paired else 1
+    info = data_api.describe(cfg)
+    trainer = Trainer(cfg, info.spec, strategies.make_strategy(cfg.strategy), info.size)
+    iterator = iter(data_api.train_input(cfg, info.table, workdir=None, seed=cfg.seed))
+    return cfg, trainer, iterator, 2 if info.spec.paired else 1
 
 
 def measure(trainer, iterator, steps, per_loop):

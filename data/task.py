@@ -35,10 +35,6 @@ class Task:
             raise TypeError(f"{type(self).__name__} takes no option(s) {', '.join(sorted(unknown))}")
         self.decode, self.seed, self.options = decode, seed, options
 
-    @property
-    def spec(self) -> DatasetSpec:
-        return self.SPEC
-
     def index(self, root: Path, skipped) -> dict:
         """Lists and parses the metadata under `root`, once, in Python.
 

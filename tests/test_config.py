@@ -276,3 +276,8 @@ def test_a_bad_config_never_imports_tensorflow(tmp_path):
                             timeout=60, check=False)
     assert result.stdout.split() == ["2", "False"], result.stderr
     assert result.stderr.strip() == "config error: seed=abc is not an integer in 0..4294967295"
+
+
+def test_each_dataset_config_trains_its_tasks_default_model():
+    for name, task in data.TASKS.items():
+        assert compose(f"dataset={name}").model.name == task.DEFAULT_MODEL, name

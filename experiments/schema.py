@@ -132,9 +132,14 @@ KEYS = {
     "trainer.log_every": integer(1),
     "trainer.steps_per_loop": integer(1),
     "trainer.max_nonfinite_steps": integer(1),
-    # Not read yet: every run trains with Adam until the optimizer setting is implemented.
     "trainer.optimizer": one_of("adam", "adamw", "sgd"),
     "trainer.learning_rate": number(0, low_open=True),
+    "trainer.momentum": number(0, 1, high_open=True),
+    "trainer.weight_decay": number(0),
+    "trainer.schedule": one_of("constant", "cosine", "step"),
+    "trainer.warmup_steps": integer(0),
+    "trainer.decay_steps": integer(1),
+    "trainer.decay_rate": number(0, 1, low_open=True),
 
     "tfrecord.dir": PATH,
     "tfrecord.encoding": one_of("encoded", "raw"),

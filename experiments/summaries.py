@@ -9,8 +9,8 @@ from tensorboard.plugins.hparams import api as hparams_api
 
 # Config keys a sweep typically varies; they become the HParams dashboard's columns.
 HPARAM_KEYS = ("dataset.name", "model.name", "pipeline.batch_size", "pipeline.image_size", "pipeline.cache",
-               "pipeline.source", "pipeline.dtype", "trainer.learning_rate", "trainer.train_steps", "seed",
-               "strategy.name", "model.merge")
+               "pipeline.source", "pipeline.dtype", "trainer.optimizer", "trainer.learning_rate", "trainer.schedule",
+               "trainer.train_steps", "seed", "strategy.name", "model.merge")
 
 
 class Summaries:

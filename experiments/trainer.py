@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from data.preprocessing import Preprocessing
-from experiments import metrics
+from experiments import metrics, optimizers
 from models import BUILDERS
 
 log = logging.getLogger(__name__)
@@ -102,12 +102,12 @@ class Trainer:
         self.preprocess = Preprocessing.from_config(cfg)
         with strategy.scope():
             self.model = BUILDERS[cfg.model.name](cfg.model, spec, image_size)
-            self.optimizer = keras.optimizers.Adam(cfg.trainer.learning_rate)
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            self.optimizer = _optimizer(cfg.trainer, self.global_step)
             if self.mixed_precision:
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             # Keras 3 optimizers must create their slots before the first distributed step (keras#19246).
             self.optimizer.build(self.model.trainable_variables)
-            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
             # Not checkpointed: a resumed run counts afresh.
             self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
         self.train_step = tf.function(self._train_step)
@@ -286,7 +286,25 @@ class Trainer:
 
     @property
     def learning_rate(self) -> float:
+        """The rate the next step applies: the schedule at the current global step (see `_optimizer`)."""
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
+
+
+def _optimizer(trainer_cfg, global_step):
+    """The optimizer the trainer settings name, its schedule evaluated at `global_step`.
+
+    Keras would evaluate a schedule at `optimizer.iterations`, which counts applied updates only, so
+    each skipped non-finite step would shift the schedule one step later. The global step counts every
+    step, as train_steps, warmup_steps, decay_steps and the TensorBoard x-axis do, so the schedule
+    follows it: a cosine decay ends at train_steps, and the logged learning_rate at step S is the
+    schedule's value at S. The constant default stays a plain float, so the optimizer keeps its
+    `learning_rate` variable and checkpoints written before schedules existed still restore.
+    """
+    rate = optimizers.schedule(trainer_cfg.schedule, trainer_cfg.learning_rate, trainer_cfg.train_steps,
+                               warmup_steps=trainer_cfg.warmup_steps, decay_steps=trainer_cfg.decay_steps,
+                               decay_rate=trainer_cfg.decay_rate)
+    return optimizers.optimizer(trainer_cfg.optimizer, rate, step=global_step, momentum=trainer_cfg.momentum,
+                                weight_decay=trainer_cfg.weight_decay)
 
 
 class _CheckedEvalStep:

@@ -1,0 +1,41 @@
+"""The optimizer and its learning-rate schedule, from the trainer settings (conf/trainer/default.yaml)."""
+import keras
+
+
+def schedule(name, learning_rate, train_steps, warmup_steps=0, decay_steps=1, decay_rate=1.0):
+    """The learning rate as a function of the step: a float for `constant`, else a Keras schedule.
+
+    - constant: `learning_rate` throughout.
+    - cosine: linear warm-up from 0 to `learning_rate` over `warmup_steps`, then cosine decay to 0
+      at `train_steps`.
+    - step: `learning_rate * decay_rate ** floor(step / decay_steps)`.
+    """
+    if name == "constant":
+        return learning_rate
+    if name == "cosine":
+        decay = max(1, train_steps - warmup_steps)
+        if warmup_steps == 0:
+            return keras.optimizers.schedules.CosineDecay(learning_rate, decay)
+        return keras.optimizers.schedules.CosineDecay(0.0, decay, warmup_target=learning_rate,
+                                                      warmup_steps=warmup_steps)
+    if name == "step":
+        return keras.optimizers.schedules.ExponentialDecay(learning_rate, decay_steps, decay_rate, staircase=True)
+    raise ValueError(f"unknown learning-rate schedule {name!r}")
+
+
+def optimizer(name, learning_rate, step=None, momentum=0.9, weight_decay=0.0):
+    """A Keras optimizer; `learning_rate` is a float or a schedule.
+
+    A schedule is evaluated at `step` (a variable) when given, else at the optimizer's own
+    `iterations`, which Keras counts only over applied updates.
+    """
+    if isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule) and step is not None:
+        scheduled = learning_rate
+        learning_rate = lambda: scheduled(step)  # noqa: E731  (Keras calls a callable rate with no argument)
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate)
+    if name == "adamw":
+        return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate, momentum=momentum)
+    raise ValueError(f"unknown optimizer {name!r}")

@@ -120,8 +120,9 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         # each epoch is seen whole and reshuffled.
         data = data.shuffle(pipeline.buffer(source.count, source.record_bytes), pipeline.seed,
                             reshuffle_each_iteration=True).repeat()
-    # The expensive part: read, decode and resize in parallel.
-    data = data.map(source.load, num_parallel_calls=AUTOTUNE)
+    # The expensive part: read, decode and resize in parallel. A load is graph ops with Python control
+    # flow only on settings, so AutoGraph has nothing to convert (and converting it cost a second).
+    data = data.map(tf.autograph.experimental.do_not_convert(source.load), num_parallel_calls=AUTOTUNE)
     if cached:
         # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.
         data = caching.cache(data, pipeline.cache, Path(model_dir or "."), split)

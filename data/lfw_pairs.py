@@ -215,7 +215,8 @@ class LfwPairs(Task):
             return {"path_a": tf.where(same, same_a, different_a), "path_b": tf.where(same, same_b, different_b),
                     "label": tf.cast(same, tf.int64)}
 
-        return tf.data.Dataset.counter().map(pair)
+        # Graph ops only: nothing for AutoGraph to convert.
+        return tf.data.Dataset.counter().map(tf.autograph.experimental.do_not_convert(pair))
 
     def load(self, record):
         """Reads both faces as RGB uint8 (grayscale JPEGs too), centre-cropped and resized, and the label."""

@@ -1,6 +1,7 @@
 """`python run.py` end to end, asserting on what a user looks at: exit code, run directory, events."""
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,17 @@ def test_run_directory_holds_config_checkpoints_metrics_and_skips(trained):
     with open(run_dir / "skipped.csv") as f:
         assert next(csv.reader(f)) == ["path", "reason"]
     assert "embedded chest_xray sample" in result.stdout
+
+
+def test_the_log_says_where_the_time_to_the_first_step_went(trained):
+    _, result = trained
+    lines = [line for line in result.stdout.splitlines() if "Time to the first step:" in line]
+    assert len(lines) == 1, result.stdout[-3000:]
+    match = re.search(r"Time to the first step: ([\d.]+) s \((.*)\)", lines[0])
+    laps = dict(re.fullmatch(r"(.+) ([\d.]+) s", lap).groups() for lap in match.group(2).split(", "))
+    assert list(laps)[:6] == ["imports", "index", "verify", "build", "input_fn",
+                              "first loop of 1 step, trace included"]
+    assert float(match.group(1)) == pytest.approx(sum(map(float, laps.values())), abs=0.1 * len(laps))
 
 
 def test_tensorboard_reads_back_train_and_validation_scalars(trained):

@@ -41,7 +41,7 @@ class StartupClock:
         if self.logged:
             return
         self.logged = True
-        self.lap(f"first loop of {steps} step{'s' if steps > 1 else ''}, trace included")
+        self.lap(f"first loop of {steps} step{'s' if steps > 1 else ''} with its trace")
         total = sum(seconds for _, seconds in self.laps)
         log.info("Time to the first step: %.1f s (%s)", total,
                  ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.laps))

@@ -43,7 +43,7 @@ def test_the_log_says_where_the_time_to_the_first_step_went(trained):
     match = re.search(r"Time to the first step: ([\d.]+) s \((.*)\)", lines[0])
     laps = dict(re.fullmatch(r"(.+) ([\d.]+) s", lap).groups() for lap in match.group(2).split(", "))
     assert list(laps)[:6] == ["imports", "index", "verify", "build", "input_fn",
-                              "first loop of 1 step, trace included"]
+                              "first loop of 1 step with its trace"]
     assert float(match.group(1)) == pytest.approx(sum(map(float, laps.values())), abs=0.1 * len(laps))
 
 

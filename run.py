@@ -14,7 +14,7 @@ def train_and_evaluate(cfg):
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg):
-    cli.guarded(train_and_evaluate, cfg)
+    return cli.guarded(train_and_evaluate, cfg)  # the job's outcome, for experiments/sweep_report.py
 
 
 if __name__ == "__main__":

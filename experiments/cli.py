@@ -61,27 +61,33 @@ def _report(error, prefix, status=None) -> None:
 _status = 0
 
 
-def _failed(line, status) -> None:
-    """One job failed: one line on stderr; run.log gets it and the job's exit status."""
+def note_status(status) -> None:
+    """The process exits with the worst status noted (experiments/sweep_report.py notes a sweep's)."""
     global _status
-    print(line, file=sys.stderr)
-    _to_run_log(line, f"exit status {status}")
     _status = max(_status, status)
 
 
-def guarded(task, cfg) -> None:
+def _failed(line, status) -> dict:
+    """One job failed: one line on stderr; run.log gets it and the job's exit status. Returns the job's outcome."""
+    print(line, file=sys.stderr)
+    _to_run_log(line, f"exit status {status}")
+    note_status(status)
+    return {"status": status, "error": line}
+
+
+def guarded(task, cfg) -> dict:
     """Checks `cfg` against the schema, then runs one job, turning expected failures into a
     one-line message and an exit status.
 
     Errors are handled inside the job rather than raised through Hydra, which
     would add its own lines, and so that one failed job of a sweep does not stop
     the others. `task` should import TensorFlow itself, so that it starts only
-    once the config has passed.
+    once the config has passed. Returns the job's outcome, {'status': exit status, 'error': line or None},
+    which Hydra hands to its callbacks (experiments/sweep_report.py).
     """
     problem = schema.first_problem(cfg, os.environ)
     if problem:
-        _failed(f"config error: {problem}", 2)
-        return
+        return _failed(f"config error: {problem}", 2)
     startup.import_tensorflow_quietly()
     # The data package and the trainer import TensorFlow; the config has passed by now.
     from data.errors import ConfigError, DatasetError
@@ -90,9 +96,10 @@ def guarded(task, cfg) -> None:
     try:
         task(cfg)
     except ConfigError as error:
-        _failed(f"config error: {_one_line(error)}", 2)
+        return _failed(f"config error: {_one_line(error)}", 2)
     except (DatasetError, NonFiniteLossError) as error:
-        _failed(f"error: {_one_line(error)}", 1)
+        return _failed(f"error: {_one_line(error)}", 1)
+    return {"status": 0, "error": None}
 
 
 def exit_code(main) -> int:

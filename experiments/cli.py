@@ -8,12 +8,16 @@ import logging
 import os
 import sys
 import uuid
+import warnings
 
 # Before TensorFlow is imported: keep its C++ start-up chatter out of the user's terminal. The mark
 # tells experiments/startup.py (here and in a launcher's job processes) that the user left it unset.
 if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     os.environ["HARNESS_DEFAULT_TF_LOG_LEVEL"] = "1"
+# conf/hydra/launcher/ sets the launcher plugins' values under their own names, so Hydra checks them against
+# the plugins' schemas, as wanted, but warns on every composition that this matching is deprecated.
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
 # Hydra prints composition errors itself, over several lines, then exits 1. Asking
 # it to raise instead lets this module print one line and exit 2.
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")

@@ -65,29 +65,43 @@ def _report(error, prefix, status=None) -> None:
 _status = 0
 
 
+class Outcome(float):
+    """A job's outcome as run.py's job function returns it: the headline validation metric (what a sweeper
+    such as Optuna maximises; NaN when there is none, a failure included), with the job's exit status and
+    error line (experiments/sweep_report.py)."""
+
+    def __new__(cls, metric=None, status=0, error=None):
+        outcome = super().__new__(cls, float("nan") if metric is None else metric)
+        outcome.status, outcome.error = status, error
+        return outcome
+
+    def __reduce__(self):  # launchers pickle it back from their job processes
+        return Outcome, (float(self), self.status, self.error)
+
+
 def note_status(status) -> None:
     """The process exits with the worst status noted (experiments/sweep_report.py notes a sweep's)."""
     global _status
     _status = max(_status, status)
 
 
-def _failed(line, status) -> dict:
+def _failed(line, status) -> Outcome:
     """One job failed: one line on stderr; run.log gets it and the job's exit status. Returns the job's outcome."""
     print(line, file=sys.stderr)
     _to_run_log(line, f"exit status {status}")
     note_status(status)
-    return {"status": status, "error": line}
+    return Outcome(None, status, line)
 
 
-def guarded(task, cfg) -> dict:
+def guarded(task, cfg) -> Outcome:
     """Checks `cfg` against the schema, then runs one job, turning expected failures into a
     one-line message and an exit status.
 
     Errors are handled inside the job rather than raised through Hydra, which
     would add its own lines, and so that one failed job of a sweep does not stop
     the others. `task` should import TensorFlow itself, so that it starts only
-    once the config has passed. Returns the job's outcome, {'status': exit status, 'error': line or None},
-    which Hydra hands to its callbacks (experiments/sweep_report.py).
+    once the config has passed, and return the headline validation metric or None. Returns the job's
+    Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweep_report.py).
     """
     problem = schema.first_problem(cfg, os.environ)
     if problem:
@@ -98,12 +112,12 @@ def guarded(task, cfg) -> dict:
     from experiments.trainer import NonFiniteLossError
 
     try:
-        task(cfg)
+        metric = task(cfg)
     except ConfigError as error:
         return _failed(f"config error: {_one_line(error)}", 2)
     except (DatasetError, NonFiniteLossError) as error:
         return _failed(f"error: {_one_line(error)}", 1)
-    return {"status": 0, "error": None}
+    return Outcome(metric)
 
 
 def exit_code(main) -> int:

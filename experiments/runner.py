@@ -48,7 +48,8 @@ def _duration(seconds) -> str:
 
 
 def run(cfg):
-    """Runs one Hydra job; the run directory is the model_dir."""
+    """Runs one Hydra job; the run directory is the model_dir. Returns the last evaluation's headline metric
+    (None when the mode does not evaluate), which a sweeper such as Optuna optimises."""
     clock = StartupClock()
     model_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupts.install()  # SIGINT/SIGTERM: save a checkpoint, then exit 130/143
@@ -99,6 +100,7 @@ def run(cfg):
         estimator.evaluate(restore=True)
     else:
         estimator.train(evaluate=cfg.mode == "train_and_evaluate")
+    return estimator.last_values.get(metrics.headline(spec.task))
 
 
 class Estimator:
@@ -118,6 +120,7 @@ class Estimator:
         self.save_dir = self.checkpoint_dir if self.chief else model_dir / f".worker-{worker}-checkpoints"
         self.eval_split = "validation"
         self.eval_data = self._input_fn(self.eval_split, training=False)
+        self.last_values = {}  # the last evaluation's metrics
 
     def _input_fn(self, split, training):
         return input_fn(self.task, self.tables[split], self.pipeline, split=split, training=training,
@@ -276,6 +279,7 @@ class Estimator:
         self.summaries.scalars("validation", values, step)
         if self.chief:
             write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
+        self.last_values = values
         headline = metrics.headline(self.spec.task)
         log.info("Evaluation at global step %d on %d examples: loss %.4f, %s %.4f", step, count, values["loss"],
                  headline, values.get(headline, float("nan")))

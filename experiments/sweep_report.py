@@ -1,6 +1,6 @@
 """The end of a sweep: a summary of its failed jobs, and a nonzero exit status, under any launcher.
 
-A job's outcome is what run.py's job function returns (experiments/cli.py's `guarded`). Launchers
+A job's outcome is what run.py's job function returns (experiments/cli.py's Outcome). Launchers
 such as joblib or submitit run jobs in other processes, so each job writes its outcome into its own
 run directory (on_job_end runs in the job's process), and the launching process reads them all back
 when the sweep ends (on_multirun_end). Nothing here imports TensorFlow.
@@ -21,8 +21,8 @@ def outcome_of(job_return) -> dict:
     if job_return.status == JobStatus.FAILED:  # an exception the job did not handle
         error = job_return._return_value
         return {"status": 1, "error": f"error: {type(error).__name__}: {error}".splitlines()[0]}
-    value = job_return.return_value
-    return value if isinstance(value, dict) and "status" in value else {"status": 0, "error": None}
+    value = job_return.return_value  # experiments.cli.Outcome
+    return {"status": getattr(value, "status", 0), "error": getattr(value, "error", None)}
 
 
 class SweepReport(Callback):

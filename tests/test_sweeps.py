@@ -41,3 +41,22 @@ def test_a_failed_joblib_job_is_not_exit_0(tmp_path):
     assert "2 of 2 jobs failed:" in result.stderr
     job = f"job 1 (dataset=lfw_pairs experiment=smoke dataset.root=/nonexistent/b) in {tmp_path / '1'}: config error:"
     assert job in result.stderr
+
+
+def test_an_optuna_sweep_names_its_best_trial_and_its_value(tmp_path):
+    """3 TPE trials (seeded) on tiny LFW, each maximising the validation accuracy its job returns."""
+    import yaml
+    result = run_cli("-m", "hparams_search=optuna", *SMOKE, "trainer.train_steps=2", "trainer.eval_steps=2",
+                     "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    best = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert set(best["best_params"]) == {"trainer.learning_rate", "pipeline.batch_size"}
+    trials = {}
+    for job in ("0", "1", "2"):
+        listed = yaml.safe_load((tmp_path / job / ".hydra" / "overrides.yaml").read_text())
+        overrides = dict(override.split("=", 1) for override in listed)
+        trials[job] = ({key: yaml.safe_load(overrides[key]) for key in best["best_params"]},
+                       json.loads((tmp_path / job / "metrics.json").read_text())["accuracy"])
+    matching = [accuracy for params, accuracy in trials.values() if params == best["best_params"]]
+    assert matching and matching[0] == best["best_value"]
+    assert best["best_value"] == max(accuracy for _, accuracy in trials.values())

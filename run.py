@@ -9,12 +9,12 @@ from experiments import cli
 def train_and_evaluate(cfg):
     from experiments import runner  # TensorFlow starts here, once cli has checked the config
 
-    runner.run(cfg)
+    return runner.run(cfg)  # the headline validation metric, or None
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg):
-    cli.guarded(train_and_evaluate, cfg)
+    return cli.guarded(train_and_evaluate, cfg)  # the job's outcome: for Optuna, and experiments/sweep_report.py
 
 
 if __name__ == "__main__":

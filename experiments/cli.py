@@ -8,9 +8,16 @@ import logging
 import os
 import sys
 import uuid
+import warnings
 
-# Before TensorFlow is imported: keep its C++ start-up chatter out of the user's terminal.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Before TensorFlow is imported: keep its C++ start-up chatter out of the user's terminal. The mark
+# tells experiments/startup.py (here and in a launcher's job processes) that the user left it unset.
+if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    os.environ["HARNESS_DEFAULT_TF_LOG_LEVEL"] = "1"
+# conf/hydra/launcher/ sets the launcher plugins' values under their own names, so Hydra checks them against
+# the plugins' schemas, as wanted, but warns on every composition that this matching is deprecated.
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
 # Hydra prints composition errors itself, over several lines, then exits 1. Asking
 # it to raise instead lets this module print one line and exit 2.
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
@@ -19,9 +26,11 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from experiments import interrupts, schema  # noqa: E402
+from experiments import interrupts, schema, startup  # noqa: E402
 
+log = logging.getLogger(__name__)
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
+logging.getLogger("absl").setLevel(logging.WARNING)  # e.g. 'Sharding callback duration' at every checkpoint
 # A short random id in run directory names keeps runs started in the same second apart.
 OmegaConf.register_new_resolver("run_id", lambda: uuid.uuid4().hex[:6], use_cache=True)
 
@@ -38,40 +47,77 @@ def _one_line(error) -> str:
     return " ".join(lines)
 
 
-def _report(error, prefix) -> None:
-    print(f"{prefix}: {_one_line(error)}", file=sys.stderr)
+def _to_run_log(*lines) -> None:
+    """Writes `lines` to the job's log file (Hydra's run.log) alone: the terminal gets its one line from print."""
+    for line in lines:
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, line, (), None)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.handle(record)
+
+
+def _report(error, prefix, status=None) -> None:
+    line = f"{prefix}: {_one_line(error)}"
+    print(line, file=sys.stderr)
+    _to_run_log(line, *([f"exit status {status}"] if status is not None else []))
 
 
 _status = 0
 
 
-def guarded(task, cfg) -> None:
+class Outcome(float):
+    """A job's outcome as run.py's job function returns it: the headline validation metric (what a sweeper
+    such as Optuna maximises; NaN when there is none, a failure included), with the job's exit status and
+    error line (experiments/sweep_report.py)."""
+
+    def __new__(cls, metric=None, status=0, error=None):
+        outcome = super().__new__(cls, float("nan") if metric is None else metric)
+        outcome.status, outcome.error = status, error
+        return outcome
+
+    def __reduce__(self):  # launchers pickle it back from their job processes
+        return Outcome, (float(self), self.status, self.error)
+
+
+def note_status(status) -> None:
+    """The process exits with the worst status noted (experiments/sweep_report.py notes a sweep's)."""
+    global _status
+    _status = max(_status, status)
+
+
+def _failed(line, status) -> Outcome:
+    """One job failed: one line on stderr; run.log gets it and the job's exit status. Returns the job's outcome."""
+    print(line, file=sys.stderr)
+    _to_run_log(line, f"exit status {status}")
+    note_status(status)
+    return Outcome(None, status, line)
+
+
+def guarded(task, cfg) -> Outcome:
     """Checks `cfg` against the schema, then runs one job, turning expected failures into a
     one-line message and an exit status.
 
     Errors are handled inside the job rather than raised through Hydra, which
     would add its own lines, and so that one failed job of a sweep does not stop
     the others. `task` should import TensorFlow itself, so that it starts only
-    once the config has passed.
+    once the config has passed, and return the headline validation metric or None. Returns the job's
+    Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweep_report.py).
     """
-    global _status
     problem = schema.first_problem(cfg, os.environ)
     if problem:
-        print(f"config error: {problem}", file=sys.stderr)
-        _status = max(_status, 2)
-        return
+        return _failed(f"config error: {problem}", 2)
+    startup.import_tensorflow_quietly()
     # The data package and the trainer import TensorFlow; the config has passed by now.
     from data.errors import ConfigError, DatasetError
     from experiments.trainer import NonFiniteLossError
 
     try:
-        task(cfg)
+        metric = task(cfg)
     except ConfigError as error:
-        _report(error, "config error")
-        _status = max(_status, 2)
+        return _failed(f"config error: {_one_line(error)}", 2)
     except (DatasetError, NonFiniteLossError) as error:
-        _report(error, "error")
-        _status = max(_status, 1)
+        return _failed(f"error: {_one_line(error)}", 1)
+    return Outcome(metric)
 
 
 def exit_code(main) -> int:
@@ -79,9 +125,14 @@ def exit_code(main) -> int:
     try:
         main()
     except (HydraException, OmegaConfBaseException) as error:
-        _report(error, "config error")
+        _report(error, "config error", 2)
         return 2
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as experiments.interrupts.Interrupted
+        status = interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
         print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)
-        return interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
+        _to_run_log(f"interrupted{f' by {error}' if str(error) else ''}", f"exit status {status}")
+        return status
+    except Exception as error:  # a bug: Python prints the traceback; run.log still says what happened
+        _to_run_log(f"error: {type(error).__name__}: {_one_line(error)}", "exit status 1")
+        raise
     return _status

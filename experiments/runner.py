@@ -4,6 +4,7 @@ Reads top to bottom: set-up and config checks, input pipeline, model and
 optimizer, checkpoint restore, then the mode (train and evaluate, train,
 evaluate or predict).
 """
+import functools
 import logging
 import shutil
 from pathlib import Path
@@ -15,6 +16,7 @@ import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data import caching, task_from_config
 from data.errors import ConfigError
@@ -30,8 +32,24 @@ log = logging.getLogger(__name__)
 MODES = ("train_and_evaluate", "train", "evaluate", "predict")
 
 
+def _logs_above_the_bar(method):
+    """Log lines printed while `method` runs go above its tqdm bar instead of through it; run.log is untouched."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with logging_redirect_tqdm():
+            return method(*args, **kwargs)
+    return wrapper
+
+
+def _duration(seconds) -> str:
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}"
+
+
 def run(cfg):
-    """Runs one Hydra job; the run directory is the model_dir."""
+    """Runs one Hydra job; the run directory is the model_dir. Returns the last evaluation's headline metric
+    (None when the mode does not evaluate), which a sweeper such as Optuna optimises."""
     clock = StartupClock()
     model_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupts.install()  # SIGINT/SIGTERM: save a checkpoint, then exit 130/143
@@ -82,6 +100,7 @@ def run(cfg):
         estimator.evaluate(restore=True)
     else:
         estimator.train(evaluate=cfg.mode == "train_and_evaluate")
+    return estimator.last_values.get(metrics.headline(spec.task))
 
 
 class Estimator:
@@ -101,6 +120,7 @@ class Estimator:
         self.save_dir = self.checkpoint_dir if self.chief else model_dir / f".worker-{worker}-checkpoints"
         self.eval_split = "validation"
         self.eval_data = self._input_fn(self.eval_split, training=False)
+        self.last_values = {}  # the last evaluation's metrics
 
     def _input_fn(self, split, training):
         return input_fn(self.task, self.tables[split], self.pipeline, split=split, training=training,
@@ -149,6 +169,7 @@ class Estimator:
             log.info("Resumed from %s at global step %d", latest, trainer.step)
         return iterator, manager
 
+    @_logs_above_the_bar
     def train(self, evaluate=True):
         cfg, trainer = self.cfg, self.trainer
         iterator, manager = self._resume_training()
@@ -222,12 +243,19 @@ class Estimator:
         if len(loops.logits):
             values.update(metrics.evaluate(self.spec.task, self.spec.class_names, loops.labels, loops.logits))
         self.summaries.scalars("train", values, step)
+        # The window's pace (the first one includes the trace) over the steps still to go.
+        target = self.cfg.trainer.train_steps
+        log.info("step %d/%d: loss %.4f, %.1f examples/s, input_wait_fraction %.3f, ETA %s", step, target,
+                 values["loss"], values["examples_per_sec"], values["input_wait_fraction"],
+                 _duration(loops.seconds / loops.steps * max(target - step, 0)))
 
     def _outputs(self, data, steps=None):
         """Logits and summed loss over `data`, padding removed, in table order."""
         logits, weights, total_loss = [], [], 0.0
         batches = data.take(steps) if steps else data
-        for features, labels, batch_weights in batches:
+        total = int(batches.cardinality())  # negative when unknown
+        for features, labels, batch_weights in tqdm(batches, total=total if total >= 0 else None, desc="evaluate",
+                                                    unit="batch", leave=False, dynamic_ncols=True):
             loss, batch_logits = self.trainer.eval_step(features, labels, batch_weights)
             total_loss += float(loss)
             logits.append(batch_logits.numpy())
@@ -235,6 +263,7 @@ class Estimator:
         weights = np.concatenate(weights) > 0
         return np.concatenate(logits)[weights], total_loss, int(weights.sum())
 
+    @_logs_above_the_bar
     def evaluate(self, restore=False):
         """Evaluates on the validation split and writes metrics.json; a fresh iterator each time."""
         if restore:
@@ -250,6 +279,7 @@ class Estimator:
         self.summaries.scalars("validation", values, step)
         if self.chief:
             write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
+        self.last_values = values
         headline = metrics.headline(self.spec.task)
         log.info("Evaluation at global step %d on %d examples: loss %.4f, %s %.4f", step, count, values["loss"],
                  headline, values.get(headline, float("nan")))

@@ -1,0 +1,86 @@
+"""Logs a person can follow: log lines above the bar, progress and failures in run.log, no C++ chatter."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import PROJECT
+
+SMOKE = ("dataset=lfw_pairs", "experiment=smoke")
+STEP_LINE = re.compile(r"step (\d+)/(\d+): loss [\d.]+, [\d.]+ examples/s, input_wait_fraction [\d.]+, "
+                       r"ETA \d+:\d\d:\d\d$")
+
+
+def run_merged(*args, timeout=600):
+    """`python run.py args...` with TF_CPP_MIN_LOG_LEVEL unset, stdout and stderr in one stream as on a terminal."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "HARNESS_DEFAULT_TF_LOG_LEVEL")}
+    return subprocess.run([sys.executable, "run.py", *args], cwd=PROJECT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("logs") / "run"
+    result = run_merged(*SMOKE, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:]
+    return run_dir, result.stdout
+
+
+def test_run_log_has_a_progress_line_every_log_every_steps(smoke):
+    run_dir, _ = smoke
+    lines = (run_dir / "run.log").read_text().splitlines()
+    steps = [STEP_LINE.search(line) for line in lines]
+    assert [(int(m.group(1)), int(m.group(2))) for m in steps if m] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+def test_log_lines_start_their_own_line_above_the_bar(smoke):
+    _, output = smoke
+    # On a terminal '\r' returns to the line's start: a log line that follows a bar without clearing it is garbled.
+    segments = [segment for line in output.split("\n") for segment in line.split("\r")]
+    logged = [segment for segment in segments if "][experiments.runner][INFO] - " in segment]
+    assert len(logged) >= 6  # 4 step lines and 2 evaluations
+    assert all(segment.startswith("[") for segment in logged), logged
+
+
+def test_evaluation_shows_progress_over_its_batches(smoke):
+    _, output = smoke
+    assert re.search(r"evaluate: +\d+%\|.*\| \d/2 ", output), output[-3000:]
+
+
+def test_no_tensorflow_start_up_chatter_by_default(smoke):
+    _, output = smoke
+    assert "cuInit" not in output and "cudart" not in output and "absl::InitializeLog" not in output
+
+
+def test_a_run_that_fails_ends_its_run_log_with_the_error_and_exit_status(tmp_path):
+    result = run_merged(*SMOKE, "trainer.learning_rate=1e30", "trainer.train_steps=10", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 1
+    error = result.stdout.strip().splitlines()[-1]
+    assert error.startswith("error: ")
+    last = (tmp_path / "run.log").read_text().strip().splitlines()[-2:]
+    assert last[0].endswith(f"[ERROR] - {error}") and last[1].endswith("[ERROR] - exit status 1"), last
+
+
+def test_a_config_error_prints_one_line_and_goes_to_run_log(tmp_path):
+    result = run_merged(*SMOKE, "dataset.root=/nonexistent/root", f"hydra.run.dir={tmp_path}", timeout=60)
+    assert result.returncode == 2
+    assert result.stdout.splitlines() == [result.stdout.strip()]  # one line, stdout and stderr together
+    last = (tmp_path / "run.log").read_text().strip().splitlines()[-2:]
+    assert last[0].endswith(f"[ERROR] - {result.stdout.strip()}") and last[1].endswith("exit status 2"), last
+
+
+@pytest.mark.parametrize("line, level, harness_default, shown", [
+    ("I0000 00:00:1795415444.996474   21734 cudart_stub.cc:31] Could not find cuda drivers", 2, True, False),
+    ("E0000 00:00:1795415450.389072   21734 cuda_platform.cc:52] failed call to cuInit: INTERNAL", 2, True, False),
+    ("E0000 00:00:1795415450.389072   21734 cuda_platform.cc:52] failed call to cuInit: INTERNAL", 2, False, True),
+    ("I0000 00:00:1795415444.996474   21734 cudart_stub.cc:31] Could not find cuda drivers", 0, False, True),
+    ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", 0, False, True),
+    ("E0000 00:00:1795415450.389072   21734 other.cc:1] a real error", 2, True, True),
+    ("a Python warning", 3, True, True),
+])
+def test_start_up_lines_follow_tf_cpp_min_log_level(line, level, harness_default, shown):
+    """TF_CPP_MIN_LOG_LEVEL the user set is honoured, even by lines TensorFlow writes before it reads it."""
+    from experiments.startup import _chatter
+    assert _chatter(line, level, harness_default) is not shown

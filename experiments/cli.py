@@ -19,11 +19,13 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from experiments import interrupts, schema  # noqa: E402
+from experiments import interrupts, run_directory, schema  # noqa: E402
 
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
 # A short random id in run directory names keeps runs started in the same second apart.
 OmegaConf.register_new_resolver("run_id", lambda: uuid.uuid4().hex[:6], use_cache=True)
+# hydra.output_subdir: .hydra for a new run, .hydra/reentry-<time> when re-entering a recorded one.
+OmegaConf.register_new_resolver("run_dir_subdir", run_directory.subdir)
 
 
 def _one_line(error) -> str:
@@ -55,7 +57,9 @@ def guarded(task, cfg) -> None:
     once the config has passed.
     """
     global _status
-    problem = schema.first_problem(cfg, os.environ)
+    # Re-entering a recorded run directory runs its saved config, changed only in run-control keys.
+    cfg, problem = run_directory.effective(cfg)
+    problem = problem or schema.first_problem(cfg, os.environ)
     if problem:
         print(f"config error: {problem}", file=sys.stderr)
         _status = max(_status, 2)

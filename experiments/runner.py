@@ -256,7 +256,9 @@ class Estimator:
         return values
 
     def predict(self):
-        """Writes predictions.csv: the image path(s) and a probability per class, one row per example."""
+        """Writes predictions.csv, one row per example: the image path(s), a probability per class, the true
+        label(s) where the split has them (`label`, or `label/<class>` per class for multi-label), and the
+        checkpoint's `global_step`."""
         self._restore_model()
         split = "test" if "test" in self.tables else self.eval_split
         table = self.tables[split]
@@ -264,10 +266,19 @@ class Estimator:
         if not self.chief:
             return
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
-        paths = table[path_columns(table)]
-        predictions = pd.concat([paths.reset_index(drop=True),
-                                 pd.DataFrame(scores, columns=list(self.spec.class_names))], axis=1)
+        columns = [table[path_columns(table)].reset_index(drop=True),
+                   pd.DataFrame(scores, columns=list(self.spec.class_names))]
+        if "label" in table:
+            columns.append(_label_columns(table.label.tolist(), self.spec.class_names))
+        predictions = pd.concat(columns, axis=1)
+        predictions["global_step"] = self.trainer.step
         predictions.to_csv(self.model_dir / "predictions.csv", index=False)
-        log.info("Wrote %d predictions for the %s split to %s", len(predictions), split,
-                 self.model_dir / "predictions.csv")
+        log.info("Wrote %d predictions for the %s split at global step %d to %s", len(predictions), split,
+                 self.trainer.step, self.model_dir / "predictions.csv")
 
+
+def _label_columns(labels, class_names):
+    """The true labels as columns: `label/<class>` per class for a multi-label vector, else one `label`."""
+    if labels and np.ndim(labels[0]) > 0:
+        return pd.DataFrame(np.asarray(labels), columns=[f"label/{name}" for name in class_names])
+    return pd.DataFrame({"label": labels})

@@ -177,3 +177,47 @@ def effective(cfg):
     if hydra_cfg.output_subdir:
         OmegaConf.save(merged, run_dir / hydra_cfg.output_subdir / "config.yaml")
     return merged, None
+
+
+# The input pipeline whose iterator each checkpoint holds. A re-entry may change pipeline.source, pipeline.cache,
+# dataset.root and the strategy; a saved iterator restored into another pipeline would fail, so a resume compares
+# the checkpoint's pipeline with its own and, when they differ, restarts the input stream (runner.py).
+INPUT_RECORD = "input_pipelines.json"
+
+
+def input_signature(cfg, replicas, saved) -> dict | None:
+    """What shapes the training input iterator; None when checkpoints leave the iterator out (`saved` false)."""
+    if not saved:
+        return None
+    return {"dataset.root": _value(cfg, "dataset.root"), "pipeline.source": _value(cfg, "pipeline.source"),
+            "pipeline.cache": _value(cfg, "pipeline.cache"), "pipeline.batch_size": _value(cfg, "pipeline.batch_size"),
+            "strategy": _value(cfg, "strategy"), "replicas": int(replicas)}
+
+
+def _input_records(checkpoint_dir) -> list:
+    import json
+    try:
+        return json.loads((Path(checkpoint_dir) / INPUT_RECORD).read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def saved_input(checkpoint_dir, step):
+    """(known, signature): the input pipeline of the checkpoint at global `step`, from the record that
+    `note_input` keeps; known is False in a run directory written before the record existed."""
+    found = [record for record in _input_records(checkpoint_dir) if record["after_step"] < step]
+    return (True, found[-1]["input"]) if found else (False, None)
+
+
+def note_input(checkpoint_dir, step, signature) -> None:
+    """Records that checkpoints after global `step` hold the iterator of `signature` (None: no iterator)."""
+    import json
+    records = _input_records(checkpoint_dir)
+    if records and records[-1]["input"] == signature:
+        return
+    records = [record for record in records if record["after_step"] < step] + [
+        {"after_step": int(step), "input": signature}]
+    path = Path(checkpoint_dir) / INPUT_RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".tmp").write_text(json.dumps(records, indent=1))
+    path.with_suffix(".tmp").replace(path)

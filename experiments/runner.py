@@ -21,7 +21,7 @@ from data.errors import ConfigError
 from data.input_fn import Pipeline, input_fn
 from data.skipped import SkipLog
 from data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
-from experiments import interrupts, leftovers, metrics, run_lock, strategies
+from experiments import interrupts, leftovers, metrics, run_directory, run_lock, strategies
 from experiments.startup import StartupClock
 from experiments.summaries import Summaries, write_metrics
 from experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
@@ -142,11 +142,24 @@ class Estimator:
                      "starts each worker's input stream over")
         checkpoint = trainer.checkpoint(iterator if save_input else None)
         manager = self._manager(checkpoint)
+        signature = run_directory.input_signature(cfg, trainer.replicas, save_input)
         # Resume policy: 1. the run directory's latest checkpoint; 2. otherwise start from scratch.
         latest = self._latest_checkpoint()
         if latest:
-            checkpoint.restore(latest).assert_existing_objects_matched()
+            known, saved = run_directory.saved_input(self.checkpoint_dir, int(latest.rpartition("-")[2]))
+            if known and save_input and saved != signature:
+                # A re-entry changed the input pipeline (source, cache, data root or strategy): the saved
+                # iterator does not fit it, so everything else is restored and the input stream starts over.
+                changed = sorted(key for key in signature if (saved or {}).get(key) != signature[key])
+                log.warning("The input pipeline differs from the one checkpointed (%s); restoring %s without its "
+                            "input iterator: the input stream starts over", ", ".join(changed) or "no iterator saved",
+                            latest)
+                trainer.checkpoint().restore(latest).expect_partial()
+            else:
+                checkpoint.restore(latest).assert_existing_objects_matched()
             log.info("Resumed from %s at global step %d", latest, trainer.step)
+        if self.chief:
+            run_directory.note_input(self.checkpoint_dir, trainer.step, signature)
         return iterator, manager
 
     def train(self, evaluate=True):

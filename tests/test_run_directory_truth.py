@@ -83,10 +83,10 @@ def test_resume_keeps_the_original_hydra_and_writes_one_hparams_record(run_dir):
 @pytest.mark.slow
 def test_a_resume_into_another_input_pipeline_restarts_the_input_stream(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(*TRAINED, f"hydra.run.dir={run_dir}")
+    # A memory cache's iterator is left out of checkpoints (data/caching.py); without a cache it is saved.
+    result = run_cli(*TRAINED, "pipeline.cache=memory", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
-    # The checkpoint's iterator is of a one-replica pipeline; two replicas read another.
-    result = run_cli(f"hydra.run.dir={run_dir}", "strategy=mirrored", "trainer.train_steps=6")
+    result = run_cli(f"hydra.run.dir={run_dir}", "pipeline.cache=none", "trainer.train_steps=6")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "without its input iterator: the input stream starts over" in result.stdout
-    assert "at global step 4" in result.stdout and "with 2 replica(s)" in result.stdout
+    assert "at global step 4" in result.stdout

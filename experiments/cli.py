@@ -80,6 +80,8 @@ def guarded(task, cfg) -> None:
 
 def exit_code(main) -> int:
     """Runs a Hydra main function and returns the documented exit status."""
+    # Re-entering a recorded run directory composes its own dataset, model and experiment.
+    sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])
     try:
         main()
     except (HydraException, OmegaConfBaseException) as error:

@@ -67,6 +67,29 @@ def subdir(output_dir) -> str:
     return _subdirs[key]
 
 
+# Groups whose saved choice a re-entry's command line gets when it names none, so that Hydra composes
+# the run's own keys (model.merge, dataset.fold, ...) and an override of one is compared, not refused by Hydra.
+CHOSEN_GROUPS = ("dataset", "model", "experiment")
+
+
+def with_saved_choices(args) -> list:
+    """The command line `args`, with the saved `dataset=`, `model=` and `experiment=` choices of the recorded
+    run directory that `hydra.run.dir=` names added in front of those it does not name itself."""
+    if any(arg in ("-m", "--multirun") for arg in args):
+        return list(args)
+    run_dirs = [arg.partition("=")[2] for arg in args if arg.startswith("hydra.run.dir=")]
+    if not run_dirs or not recorded(run_dirs[-1]):
+        return list(args)
+    try:
+        choices = OmegaConf.to_container(OmegaConf.load(Path(run_dirs[-1]) / ".hydra" / "hydra.yaml").hydra.runtime.choices)
+    except Exception:  # noqa: BLE001  no readable hydra.yaml: compose as typed
+        return list(args)
+    named = {arg.lstrip("+~").partition("=")[0] for arg in args}
+    added = [f"{group}={choices[group]}" for group in CHOSEN_GROUPS
+             if group not in named and isinstance(choices.get(group), str)]
+    return added + list(args)
+
+
 def _show(value):
     from experiments.schema import show
     if value is _ABSENT:

@@ -13,6 +13,12 @@ directory (`hydra.run.dir=<run>` again):
   hydra.yaml as Hydra writes them), so the training run's `.hydra/` is never overwritten. conf/hydra/
   default.yaml points `hydra.output_subdir` at `subdir()` for that.
 
+- composes, for a group the command line does not name (dataset, model, experiment), the run's saved
+  choice (`with_saved_choices`, applied to sys.argv by the cli before Hydra starts), so that a key only
+  that dataset or model has (model.merge, dataset.fold) is compared rather than refused by Hydra;
+- restarts the input stream, with a warning, when the pipeline of the checkpoint's saved iterator differs
+  from its own (`checkpoints/input_pipelines.json`, kept by `note_input`).
+
 A directory whose `.hydra/` holds only a config (a start that failed before recording anything, e.g.
 on a bad value) is not recorded: the next run there starts afresh and Hydra rewrites `.hydra/`.
 
@@ -81,7 +87,8 @@ def with_saved_choices(args) -> list:
     if not run_dirs or not recorded(run_dirs[-1]):
         return list(args)
     try:
-        choices = OmegaConf.to_container(OmegaConf.load(Path(run_dirs[-1]) / ".hydra" / "hydra.yaml").hydra.runtime.choices)
+        saved_hydra = OmegaConf.load(Path(run_dirs[-1]) / ".hydra" / "hydra.yaml")
+        choices = OmegaConf.to_container(saved_hydra.hydra.runtime.choices)
     except Exception:  # noqa: BLE001  no readable hydra.yaml: compose as typed
         return list(args)
     named = {arg.lstrip("+~").partition("=")[0] for arg in args}

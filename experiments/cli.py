@@ -26,13 +26,15 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from experiments import interrupts, schema, startup  # noqa: E402
+from experiments import interrupts, run_directory, schema, startup  # noqa: E402
 
 log = logging.getLogger(__name__)
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
 logging.getLogger("absl").setLevel(logging.WARNING)  # e.g. 'Sharding callback duration' at every checkpoint
 # A short random id in run directory names keeps runs started in the same second apart.
 OmegaConf.register_new_resolver("run_id", lambda: uuid.uuid4().hex[:6], use_cache=True)
+# hydra.output_subdir: .hydra for a new run, .hydra/reentry-<time> when re-entering a recorded one.
+OmegaConf.register_new_resolver("run_dir_subdir", run_directory.subdir)
 
 
 def _one_line(error) -> str:
@@ -103,7 +105,9 @@ def guarded(task, cfg) -> Outcome:
     once the config has passed, and return the headline validation metric or None. Returns the job's
     Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweep_report.py).
     """
-    problem = schema.first_problem(cfg, os.environ)
+    # Re-entering a recorded run directory runs its saved config, changed only in run-control keys.
+    cfg, problem = run_directory.effective(cfg)
+    problem = problem or schema.first_problem(cfg, os.environ)
     if problem:
         return _failed(f"config error: {problem}", 2)
     startup.import_tensorflow_quietly()
@@ -122,6 +126,8 @@ def guarded(task, cfg) -> Outcome:
 
 def exit_code(main) -> int:
     """Runs a Hydra main function and returns the documented exit status."""
+    # Re-entering a recorded run directory composes its own dataset, model and experiment.
+    sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])
     try:
         main()
     except (HydraException, OmegaConfBaseException) as error:

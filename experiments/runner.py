@@ -23,7 +23,7 @@ from data.errors import ConfigError
 from data.input_fn import Pipeline, input_fn
 from data.skipped import SkipLog
 from data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
-from experiments import interrupts, leftovers, metrics, run_lock, strategies
+from experiments import interrupts, leftovers, metrics, run_directory, run_lock, strategies
 from experiments.startup import StartupClock
 from experiments.summaries import Summaries, write_metrics
 from experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
@@ -162,11 +162,24 @@ class Estimator:
                      "starts each worker's input stream over")
         checkpoint = trainer.checkpoint(iterator if save_input else None)
         manager = self._manager(checkpoint)
+        signature = run_directory.input_signature(cfg, trainer.replicas, save_input)
         # Resume policy: 1. the run directory's latest checkpoint; 2. otherwise start from scratch.
         latest = self._latest_checkpoint()
         if latest:
-            checkpoint.restore(latest).assert_existing_objects_matched()
+            known, saved = run_directory.saved_input(self.checkpoint_dir, int(latest.rpartition("-")[2]))
+            if known and save_input and saved != signature:
+                # A re-entry changed the input pipeline (source, cache, data root or strategy): the saved
+                # iterator does not fit it, so everything else is restored and the input stream starts over.
+                changed = sorted(key for key in signature if (saved or {}).get(key) != signature[key])
+                log.warning("The input pipeline differs from the one checkpointed (%s); restoring %s without its "
+                            "input iterator: the input stream starts over", ", ".join(changed) or "no iterator saved",
+                            latest)
+                trainer.checkpoint().restore(latest).expect_partial()
+            else:
+                checkpoint.restore(latest).assert_existing_objects_matched()
             log.info("Resumed from %s at global step %d", latest, trainer.step)
+        if self.chief:
+            run_directory.note_input(self.checkpoint_dir, trainer.step, signature)
         return iterator, manager
 
     @_logs_above_the_bar
@@ -286,7 +299,9 @@ class Estimator:
         return values
 
     def predict(self):
-        """Writes predictions.csv: the image path(s) and a probability per class, one row per example."""
+        """Writes predictions.csv, one row per example: the image path(s), a probability per class, the true
+        label(s) where the split has them (`label`, or `label/<class>` per class for multi-label), and the
+        checkpoint's `global_step`."""
         self._restore_model()
         split = "test" if "test" in self.tables else self.eval_split
         table = self.tables[split]
@@ -294,10 +309,19 @@ class Estimator:
         if not self.chief:
             return
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
-        paths = table[path_columns(table)]
-        predictions = pd.concat([paths.reset_index(drop=True),
-                                 pd.DataFrame(scores, columns=list(self.spec.class_names))], axis=1)
+        columns = [table[path_columns(table)].reset_index(drop=True),
+                   pd.DataFrame(scores, columns=list(self.spec.class_names))]
+        if "label" in table:
+            columns.append(_label_columns(table.label.tolist(), self.spec.class_names))
+        predictions = pd.concat(columns, axis=1)
+        predictions["global_step"] = self.trainer.step
         predictions.to_csv(self.model_dir / "predictions.csv", index=False)
-        log.info("Wrote %d predictions for the %s split to %s", len(predictions), split,
-                 self.model_dir / "predictions.csv")
+        log.info("Wrote %d predictions for the %s split at global step %d to %s", len(predictions), split,
+                 self.trainer.step, self.model_dir / "predictions.csv")
 
+
+def _label_columns(labels, class_names):
+    """The true labels as columns: `label/<class>` per class for a multi-label vector, else one `label`."""
+    if labels and np.ndim(labels[0]) > 0:
+        return pd.DataFrame(np.asarray(labels), columns=[f"label/{name}" for name in class_names])
+    return pd.DataFrame({"label": labels})

@@ -7,6 +7,8 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 from tensorboard.plugins.hparams import api as hparams_api
 
+from experiments import run_directory
+
 # Config keys a sweep typically varies; they become the HParams dashboard's columns.
 HPARAM_KEYS = ("dataset.name", "model.name", "pipeline.batch_size", "pipeline.image_size", "pipeline.cache",
                "pipeline.source", "pipeline.dtype", "trainer.optimizer", "trainer.learning_rate", "trainer.schedule",
@@ -30,8 +32,9 @@ class Summaries:
         self.writers[split].flush()
 
     def hparams(self, cfg, headline):
-        """Records the run's hyper-parameters for TensorBoard's HParams dashboard."""
-        if not self.enabled:
+        """Records the run's hyper-parameters for TensorBoard's HParams dashboard, once per run directory: a
+        re-entry (resume, evaluate, predict) runs the saved config, already recorded."""
+        if not self.enabled or run_directory.has_hparams(self.model_dir):
             return
         values = {}
         for key in HPARAM_KEYS:

@@ -1,0 +1,93 @@
+"""The run directory is the source of truth: a re-entry runs its saved config, changed only in run-control keys."""
+import csv
+import time
+
+import pytest
+
+from tests.conftest import event_tags, run_cli
+
+# Non-default settings: a plain `hydra.run.dir=<run> mode=predict` composes chest_xray with a ResNet at 224.
+TRAINED = ("dataset=lfw_pairs", "experiment=smoke", "model.merge=pixel_difference", "pipeline.image_size=32")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("truth") / "run"
+    result = run_cli(*TRAINED, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def saved_hydra(run_dir):
+    return {name: (run_dir / ".hydra" / name).read_bytes() for name in ("config.yaml", "overrides.yaml", "hydra.yaml")}
+
+
+@pytest.mark.parametrize("override, key, requested, saved", [
+    ("pipeline.image_size=48", "pipeline.image_size", "48", "32"),
+    ("model.merge=embedding", "model.merge", "embedding", "pixel_difference"),
+    ("pipeline.dtype=float16", "pipeline.dtype", "float16", "float32"),
+    ("trainer.learning_rate=0.01", "trainer.learning_rate", "0.01", "0.001"),
+    ("pipeline.batch_size=8", "pipeline.batch_size", "8", "4"),  # a resume: the saved iterator's batch
+])
+def test_a_checkpoint_affecting_change_exits_2_naming_key_saved_and_requested(run_dir, override, key, requested,
+                                                                              saved):
+    before = saved_hydra(run_dir)
+    start = time.monotonic()
+    # Without dataset=lfw_pairs on the line: the run directory's own dataset and model keys are composed.
+    result = run_cli(override, f"hydra.run.dir={run_dir}")
+    assert time.monotonic() - start < 20  # before TensorFlow starts
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"config error: {key}={requested} differs from the run directory's saved {key}={saved} ")
+    assert str(run_dir / ".hydra" / "config.yaml") in last
+    assert saved_hydra(run_dir) == before
+
+
+def test_another_dataset_on_re_entry_exits_2(run_dir):
+    result = run_cli("dataset=chest_xray", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "dataset=chest_xray differs from the run directory's saved dataset=lfw_pairs" in result.stderr
+
+
+def test_predict_with_nothing_else_on_the_line_uses_the_saved_config(run_dir):
+    before = saved_hydra(run_dir)
+    result = run_cli(f"hydra.run.dir={run_dir}", "mode=predict", "pipeline.batch_size=3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(run_dir / "predictions.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and list(rows[0]) == ["path_a", "path_b", "same", "label", "global_step"]
+    assert {row["label"] for row in rows} <= {"0", "1"} and {row["global_step"] for row in rows} == {"4"}
+    assert saved_hydra(run_dir) == before  # the training run's .hydra/ is intact
+    # The re-entry keeps its own record: the config it ran with and its command line's overrides.
+    reentries = sorted((run_dir / ".hydra").glob("reentry-*"))
+    assert reentries
+    latest = reentries[-1]
+    assert "mode=predict" in (latest / "overrides.yaml").read_text()
+    ran = (latest / "config.yaml").read_text()
+    assert "merge: pixel_difference" in ran and "mode: predict" in ran and "batch_size: 3" in ran
+
+
+def test_resume_keeps_the_original_hydra_and_writes_one_hparams_record(run_dir):
+    before = saved_hydra(run_dir)
+    result = run_cli(*TRAINED, "trainer.train_steps=6", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Resumed from" in result.stdout and "at global step 4" in result.stdout
+    assert "without its input iterator" not in result.stdout  # the same pipeline: the iterator is restored
+    assert saved_hydra(run_dir) == before
+    accumulator, tags = event_tags(run_dir)
+    assert "_hparams_/session_start_info" in tags
+    assert len(accumulator.Tensors("_hparams_/session_start_info")) == 1
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
+
+
+@pytest.mark.slow
+def test_a_resume_into_another_input_pipeline_restarts_the_input_stream(tmp_path):
+    run_dir = tmp_path / "run"
+    # A memory cache's iterator is left out of checkpoints (data/caching.py); without a cache it is saved.
+    result = run_cli(*TRAINED, "pipeline.cache=memory", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_cli(f"hydra.run.dir={run_dir}", "pipeline.cache=none", "trainer.train_steps=6")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "without its input iterator: the input stream starts over" in result.stdout
+    assert "at global step 4" in result.stdout

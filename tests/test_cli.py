@@ -101,6 +101,7 @@ def test_batch_that_does_not_divide_across_replicas_exits_2(tmp_path):
     assert "pipeline.batch_size=3" in result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = [*TINY, "trainer.train_steps=200", "trainer.checkpoint_every=2", "trainer.eval_every=1000",

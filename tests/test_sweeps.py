@@ -43,6 +43,7 @@ def test_a_failed_joblib_job_is_not_exit_0(tmp_path):
     assert job in result.stderr
 
 
+@pytest.mark.slow
 def test_an_optuna_sweep_names_its_best_trial_and_its_value(tmp_path):
     """3 TPE trials (seeded) on tiny LFW, each maximising the validation accuracy its job returns."""
     import yaml

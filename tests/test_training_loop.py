@@ -111,6 +111,7 @@ def scalar_steps(logdir, tag):
     return [event.step for event in accumulator.Tensors(tag)]
 
 
+@pytest.mark.slow
 def test_loops_train_the_same_weights_and_land_on_the_same_steps(tmp_path):
     common = (*TINY_LFW, "deterministic=true", "trainer.train_steps=8", "trainer.log_every=3",
               "trainer.checkpoint_every=5", "trainer.eval_every=6")
@@ -148,6 +149,7 @@ def test_huge_learning_rate_exits_1_without_a_non_finite_checkpoint(tmp_path):
     assert not (tmp_path / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_step_its_weights_hold_and_resumes(tmp_path):
     args = [*TINY_LFW, "trainer.train_steps=100000", "trainer.steps_per_loop=7", "trainer.checkpoint_every=20",
             "trainer.eval_every=100000", "trainer.log_every=1000", f"hydra.run.dir={tmp_path}"]

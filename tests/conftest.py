@@ -22,9 +22,14 @@ def harness_cache(tmp_path_factory):
 @pytest.fixture
 def real():
     """The real sample files of the three datasets."""
-    if not REAL.exists():
-        pytest.skip(f"real fixtures not found at {REAL}")
+    require_real_fixtures()
     return REAL
+
+
+def require_real_fixtures():
+    """The real sample files are part of the test set-up: without them a test fails, never skips."""
+    if not REAL.exists():
+        pytest.fail(f"real fixtures not found at {REAL}: the tests need ../shared/fixtures/real beside the project")
 
 
 def compose(*overrides):

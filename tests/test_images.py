@@ -6,7 +6,7 @@ from PIL import Image
 
 from data import images
 from data.samples import imagenet_det as det_sample
-from tests.conftest import REAL
+from tests.conftest import REAL, require_real_fixtures
 
 SETTINGS = [  # (channels, (height, width), method, crop_fraction)
     (3, (224, 224), "crop_or_pad", None),  # crops both sides of an ILSVRC image
@@ -34,8 +34,7 @@ def whole_decode_then_crop(contents, channels, size, method, crop_fraction):
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """Real LFW JPEGs and NIH PNGs, and the DET sample's odd files: grayscale, CMYK, PNG named .JPEG."""
-    if not REAL.exists():
-        pytest.skip(f"real fixtures not found at {REAL}")
+    require_real_fixtures()
     root = tmp_path_factory.mktemp("det")
     det_sample.make_sample(root, seed=0)
     det = sorted((root / "ILSVRC" / "Data" / "DET").rglob("*.JPEG"))

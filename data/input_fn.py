@@ -104,13 +104,15 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
             training split; evaluation is not split.
         model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files.
     """
+    source = record_source(task, table, split, training, pipeline.tfrecord)
     batch_size = pipeline.batch_size
     if context is not None and context.num_input_pipelines > 1:
         # Each worker feeds its own replicas their share of the global batch, from its own examples.
-        batch_size //= context.num_input_pipelines
-        log.info("Worker %d of %d: %d examples of every global batch of %d", context.input_pipeline_id,
-                 context.num_input_pipelines, batch_size, pipeline.batch_size)
-    source = record_source(task, table, split, training, pipeline.tfrecord)
+        workers = context.num_input_pipelines
+        batch_size //= workers
+        log.info("Worker %d of %d: %s, %d examples of every global batch of %d", context.input_pipeline_id, workers,
+                 "its own pair draws" if source.endless else f"its 1/{workers} of the {split} split", batch_size,
+                 pipeline.batch_size)
     cached = pipeline.cache != "none" and not source.endless
 
     # This worker's share of the cheap records (paths and labels, or serialized examples).

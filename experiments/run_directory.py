@@ -33,10 +33,13 @@ SAVED = Path(".hydra") / "config.yaml"
 # Keys the command line may change on re-entry (DESIGN.md, "hydra.run.dir"); `strategy` is the whole group.
 RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eval_steps", "trainer.checkpoint_every",
                "trainer.log_every", "trainer.steps_per_loop", "dataset.root", "pipeline.source", "pipeline.cache")
-# May change for these modes only: the checkpoint does not depend on it, but the saved input iterator does.
-BATCH_SIZE_MODES = ("evaluate", "predict")
+# May change in these modes only: the checkpoint does not depend on them, but training's saved input
+# iterator depends on the batch size, and training holds the evaluation pairs' people out.
+EVALUATION_KEYS = ("pipeline.batch_size", "dataset.eval_pairs", "dataset.fold")
+EVALUATION_MODES = ("evaluate", "predict")
 ALLOWED = ("mode, trainer.train_steps|eval_every|eval_steps|checkpoint_every|log_every|steps_per_loop, "
-           "dataset.root, pipeline.source|cache, strategy and (for mode=evaluate|predict) pipeline.batch_size")
+           "dataset.root, pipeline.source|cache, strategy and (for mode=evaluate|predict) pipeline.batch_size, "
+           "dataset.eval_pairs|fold")
 _ABSENT = object()
 
 # The decision for each run directory, made once per process: Hydra reads hydra.output_subdir before it
@@ -120,7 +123,7 @@ def _value(cfg, key):
 def _allowed(key, mode) -> bool:
     if key == "strategy" or key.startswith("strategy.") or key in RUN_CONTROL:
         return True
-    return key == "pipeline.batch_size" and mode in BATCH_SIZE_MODES
+    return key in EVALUATION_KEYS and mode in EVALUATION_MODES
 
 
 def compose(cfg, run_dir, overrides, choices, saved_choices=None):

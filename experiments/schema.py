@@ -295,6 +295,11 @@ def _combinations(cfg) -> str | None:
     return None
 
 
+def worker_count(cluster) -> int:
+    """Training workers of a TF_CONFIG cluster: MultiWorkerMirroredStrategy counts the chief as one."""
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+
+
 def _tf_config(cfg, text) -> str | None:
     """TF_CONFIG, the cluster description that strategy=multi_worker reads, where it is set."""
     if not text:
@@ -319,7 +324,7 @@ def _tf_config(cfg, text) -> str | None:
         if not _is_int(index) or not 0 <= index < len(cluster[kind]):
             return (f"TF_CONFIG task index={show(index)} is not in 0..{len(cluster[kind]) - 1}, the indices of "
                     f"its {len(cluster[kind])} {kind} task(s)")
-    count = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+    count = worker_count(cluster)
     if count > 1 and cfg.strategy.name != "multi_worker":
         return (f"TF_CONFIG names {count} workers but strategy={cfg.strategy.name}; "
                 f"use strategy=multi_worker (or unset TF_CONFIG)")

@@ -6,6 +6,7 @@ import os
 import tensorflow as tf
 
 from data.errors import ConfigError
+from experiments import schema
 
 log = logging.getLogger(__name__)
 NAMES = ("auto", "one_device", "mirrored", "multi_worker")
@@ -53,11 +54,9 @@ def workers() -> tuple:
     """(number of training workers, this worker's index) from TF_CONFIG; (1, 0) without it."""
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     cluster, task = config.get("cluster", {}), config.get("task", {})
-    chiefs = len(cluster.get("chief", []))
-    count = chiefs + len(cluster.get("worker", []))
     # MultiWorkerMirroredStrategy counts the chief as worker 0 when there is one.
-    index = int(task.get("index", 0)) + (chiefs if task.get("type") == "worker" else 0)
-    return max(count, 1), index
+    index = int(task.get("index", 0)) + (len(cluster.get("chief", [])) if task.get("type") == "worker" else 0)
+    return max(schema.worker_count(cluster), 1), index
 
 
 def input_context(strategy) -> tf.distribute.InputContext:

@@ -120,8 +120,7 @@ def metric_columns(task) -> list:
     others = dict.fromkeys(tag for tags in TASK_METRICS.values() for tag in tags if tag not in own)
     validation = dict(group="validation", dataset_type=hp.Metric.VALIDATION)
     return ([hp.Metric(tag, **validation) for tag in own]
-            + [hp.Metric("loss", display_name="loss (validation)", **validation),
-               hp.Metric("loss", group="train", display_name="loss (train)", dataset_type=hp.Metric.TRAINING)]
+            + [hp.Metric("loss", **validation), hp.Metric("loss", group="train", dataset_type=hp.Metric.TRAINING)]
             + [hp.Metric(tag, **validation) for tag in others])
 
 

@@ -133,3 +133,9 @@ def test_an_imagenet_det_run_leaves_a_confusion_matrix_at_each_evaluation(tmp_pa
     accumulator, validation = event_tags(tmp_path / "validation")
     assert [event.step for event in accumulator.Tensors("confusion_matrix")] == [2, 4]
     assert "inputs" in event_tags(tmp_path / "train")[1]
+
+
+def test_profile_steps_may_change_when_a_run_directory_is_re_entered():
+    from experiments import run_directory
+    assert run_directory._allowed("trainer.profile_steps", "train_and_evaluate")
+    assert "profile_steps" in run_directory.ALLOWED

@@ -5,13 +5,13 @@ How the dashboard reads a log dir (TensorBoard 2.21), and what each record does 
 - It takes one run's `hparams_config` for the whole log dir, the first it finds. So every run declares every
   task's metric columns, its own first, and a log dir holding several datasets keeps each one's columns.
 - It ticks the first five hyper-parameters, taking those marked as differing first. The keys the sweep varies are
-  marked so; every other leaf of the config follows, unticked, and can be ticked in the dashboard.
+  marked so; every other leaf of the config follows (the first of them fill up the five), for ticking in.
 - It prints every number with five significant digits (`4.0000`). So an int is recorded as its digits, unless the
   sweep draws it from an interval, which needs a number.
 - It groups runs by trial id, and the default id is a hash of the values. So the run directory is the trial id,
   and repeated sweeps with the same values stay apart.
-- Its filter lists a discrete domain's values and hides runs whose value is not listed. So only swept keys
-  declare a domain: the values the sweep lists, or the interval it draws from.
+- Its filter offers a discrete domain's values as checkboxes, and unticking one hides the runs that have it. So
+  swept keys declare a domain, the values the sweep lists or the interval it draws from, and the others none.
 """
 from pathlib import Path
 
@@ -27,8 +27,8 @@ TASK_METRICS = {"multilabel": ("auc/mean",), "binary": ("accuracy",), "multiclas
 
 
 def sweep_domains(hydra_cfg) -> dict:
-    """Each key the sweep varies: a list of the values it lists, or `hp.Interval`-ready (low, high) for an
-    interval, or None when Hydra expands it elsewhere (glob). Empty outside a multirun.
+    """Each key the sweep varies: a list of the values it lists, (low, high) for an interval, or None for a
+    glob (expanded against conf/). Empty outside a multirun.
 
     The sweep's own command line is in the sweep directory's multirun.yaml (a job's overrides hold its own
     values only); a sweeper's `params` (hparams_search) are in the job's config too.

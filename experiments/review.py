@@ -3,6 +3,7 @@
 The PR curves and the confusion matrix are drawn from the labels and probabilities an evaluation already has,
 so they cost no second pass over the validation split.
 """
+import contextlib
 import dataclasses
 import logging
 
@@ -124,11 +125,21 @@ class Profiler:
         self.logdir, self.active = str(logdir), False
 
     def loop_length(self, step, length) -> int:
-        """`length`, cut so that a loop ends where the trace starts or stops."""
+        """`length`, cut so that a loop ends where the trace starts or stops; one step at a time inside it, so
+        that each step gets its own step marker (`step`) in the trace."""
+        if self.active:
+            return 1
         for boundary in (self.start, self.stop):
             if boundary is not None and step < boundary:
                 length = min(length, boundary - step)
         return length
+
+    def step(self, step):
+        """A context that marks the loop it wraps as global step `step` in the trace, TensorFlow's step marker
+        for the Profile tab's step-time breakdown (a no-op outside the trace)."""
+        if self.active:
+            return tf.profiler.experimental.Trace("train", step_num=step, _r=1)
+        return contextlib.nullcontext()
 
     def update(self, step):
         """Starts or stops the trace as the global step enters or leaves [start, stop)."""

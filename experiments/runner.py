@@ -203,7 +203,8 @@ class Estimator:
             while step < target:
                 profiler.update(step)
                 length = profiler.loop_length(step, loop_length(step, trainer.steps_per_loop, target, intervals))
-                loop = trainer.train_loop(iterator, length)
+                with profiler.step(step):
+                    loop = trainer.train_loop(iterator, length)
                 self.clock.first_step(loop.steps)
                 window.append(loop)
                 step = trainer.step

@@ -13,15 +13,18 @@ How the dashboard reads a log dir (TensorBoard 2.21), and what each record does 
 - Its filter offers a discrete domain's values as checkboxes, and unticking one hides the runs that have it. So
   swept keys declare a domain, the values the sweep lists or the interval it draws from, and the others none.
 """
+import logging
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob
+from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from tensorboard.plugins.hparams import api as hp
 from tensorboard.plugins.hparams import plugin_data_pb2
 
+log = logging.getLogger(__name__)
 # The validation metrics each task reports (experiments/metrics.py), as dashboard columns.
 TASK_METRICS = {"multilabel": ("auc/mean",), "binary": ("accuracy",), "multiclass": ("accuracy", "top5_accuracy")}
 
@@ -39,8 +42,13 @@ def sweep_domains(hydra_cfg) -> dict:
     multirun = Path(hydra_cfg.sweep.dir) / "multirun.yaml"
     if multirun.is_file():
         specs += list(OmegaConf.load(multirun).hydra.overrides.task)
+    try:
+        overrides = OverridesParser.create().parse_overrides(specs)
+    except OverrideParseException as error:  # the sweeper parsed them already; a dashboard nicety must not stop a run
+        log.warning("HParams: the sweep's overrides do not parse (%s); no key is marked as swept", error)
+        return {}
     domains = {}
-    for override in OverridesParser.create().parse_overrides(specs):
+    for override in overrides:
         if not override.is_sweep_override():
             continue
         if override.is_interval_sweep():

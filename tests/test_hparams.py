@@ -96,3 +96,11 @@ def test_a_single_run_marks_nothing_as_swept(tmp_path):
     experiment, _ = record(tmp_path / "run", "binary", compose("dataset=lfw_pairs"),
                            OmegaConf.create({"mode": RunMode.RUN}))
     assert not any(info.differs for info in experiment.hparam_infos)
+
+
+def test_a_sweep_spec_that_does_not_parse_marks_nothing_and_does_not_stop_the_run(tmp_path, caplog):
+    hydra_cfg = hydra_config(tmp_path / "sweep", {"dataset": "lfw_pairs"}, ["trainer.learning_rate=choice(0.1,"])
+    experiment, start = record(tmp_path / "sweep" / "0", "binary", compose("dataset=lfw_pairs"), hydra_cfg)
+    assert not any(info.differs for info in experiment.hparam_infos)
+    assert start.hparams["trainer.learning_rate"].number_value == 0.001
+    assert "do not parse" in caplog.text

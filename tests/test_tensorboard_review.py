@@ -1,5 +1,6 @@
 """The review a user gets, seen in a real browser: a 2-value sweep, `tensorboard --logdir` on it, and headless
 Chromium (Debian's `chromium`, driven by playwright) on the HParams, Time Series and Images dashboards."""
+import json
 import shutil
 import socket
 import subprocess
@@ -30,7 +31,6 @@ def free_port():
 
 def wait_for_plugins(url, plugins, timeout=120):
     """Waits until TensorBoard has loaded the log dir far enough that `plugins` have data."""
-    import json
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -23,7 +23,7 @@ from data.errors import ConfigError
 from data.input_fn import Pipeline, input_fn
 from data.skipped import SkipLog
 from data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
-from experiments import interrupts, leftovers, metrics, run_directory, run_lock, strategies
+from experiments import interrupts, leftovers, metrics, review, run_directory, run_lock, strategies
 from experiments.startup import StartupClock
 from experiments.summaries import Summaries, write_metrics
 from experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
@@ -91,7 +91,7 @@ def run(cfg):
     trainer = Trainer(cfg, spec, strategy, task.decode.size)
     clock.lap("build")
     summaries = Summaries(str(model_dir), enabled=chief)
-    summaries.hparams(cfg, metrics.headline(spec.task))
+    summaries.hparams(cfg, spec.task, HydraConfig.get())
     estimator = Estimator(cfg, task, pipeline, trainer, summaries, model_dir, tables,
                           context=strategies.input_context(strategy), worker=None if chief else worker, clock=clock)
     if cfg.mode == "predict":
@@ -190,6 +190,10 @@ class Estimator:
         step, target = trainer.step, cfg.trainer.train_steps
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
+        elif self.summaries.enabled:
+            self.summaries.inputs(*review.training_batch(self.task, self.tables["train"], self.pipeline,
+                                                         trainer.preprocess, step), self.spec, step)
+        profiler = review.Profiler(cfg.trainer.profile_steps if self.chief else None, self.model_dir / "train")
         # Loops end on every log, checkpoint and evaluation step, so these land as they would step by step.
         intervals = [cfg.trainer.log_every, cfg.trainer.checkpoint_every]
         intervals += [cfg.trainer.eval_every] if evaluate else []
@@ -197,7 +201,10 @@ class Estimator:
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
         try:
             while step < target:
-                loop = trainer.train_loop(iterator, loop_length(step, trainer.steps_per_loop, target, intervals))
+                profiler.update(step)
+                length = profiler.loop_length(step, loop_length(step, trainer.steps_per_loop, target, intervals))
+                with profiler.step(step):
+                    loop = trainer.train_loop(iterator, length)
                 self.clock.first_step(loop.steps)
                 window.append(loop)
                 step = trainer.step
@@ -222,6 +229,7 @@ class Estimator:
                 log.warning("Interrupted at global step %d; saved a checkpoint to resume from", step)
             raise
         finally:
+            profiler.close()
             progress.close()
         if evaluate:
             self.evaluate()
@@ -290,6 +298,7 @@ class Estimator:
         if count == len(table):
             values.update(self.task.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
         self.summaries.scalars("validation", values, step)
+        self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
         if self.chief:
             write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
         self.last_values = values

@@ -102,6 +102,9 @@ def integers(low=1, length=None) -> Key:
     return Key(allowed, accepts)
 
 
+PROFILE_STEPS = _with_null(Key("[start, stop]: two integers with 0 <= start < stop",
+                               lambda value: integers(0, length=2).accepts(value) and value[0] < value[1]),
+                           "no profile")
 IMAGE_SIZE = Key("an integer >= 1 (a square side) or [height, width]",
                  lambda value: integer(1).accepts(value) or integers(1, length=2).accepts(value))
 
@@ -132,6 +135,7 @@ KEYS = {
     "trainer.log_every": integer(1),
     "trainer.steps_per_loop": integer(1),
     "trainer.max_nonfinite_steps": integer(1),
+    "trainer.profile_steps": PROFILE_STEPS,
     "trainer.optimizer": one_of("adam", "adamw", "sgd"),
     "trainer.learning_rate": number(0, low_open=True),
     "trainer.momentum": number(0, 1, high_open=True),

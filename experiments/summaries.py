@@ -4,16 +4,10 @@ import math
 import os
 
 import tensorflow as tf
-from omegaconf import OmegaConf
 from tensorboard.plugins.hparams import api as hparams_api
 
-from experiments import run_directory
-
-# Config keys a sweep typically varies; they become the HParams dashboard's columns.
-HPARAM_KEYS = ("dataset.name", "model.name", "pipeline.batch_size", "pipeline.image_size", "pipeline.cache",
-               "pipeline.source", "pipeline.dtype", "trainer.optimizer", "trainer.learning_rate", "trainer.schedule",
-               "trainer.train_steps", "seed", "strategy.name", "model.merge")
-
+from experiments import hparams as hparams_record
+from experiments import review, run_directory
 
 class Summaries:
     """Event writers for `<model_dir>/train` and `<model_dir>/validation`."""
@@ -31,22 +25,30 @@ class Summaries:
                     tf.summary.scalar(tag, float(value))
         self.writers[split].flush()
 
-    def hparams(self, cfg, headline):
-        """Records the run's hyper-parameters for TensorBoard's HParams dashboard, once per run directory: a
-        re-entry (resume, evaluate, predict) runs the saved config, already recorded."""
+    def inputs(self, features, labels, spec, step):
+        """A few training inputs as the model sees them (experiments/review.py), under train/."""
+        with self.writers["train"].as_default(step=step):
+            review.write_inputs(features, labels, spec, step)
+        self.writers["train"].flush()
+
+    def evaluation(self, spec, labels, probabilities, step):
+        """An evaluation's PR curves or confusion matrix (experiments/review.py), under validation/."""
+        if self.enabled:
+            with self.writers["validation"].as_default(step=step):
+                review.write_evaluation(spec, labels, probabilities, step)
+            self.writers["validation"].flush()
+
+    def hparams(self, cfg, task, hydra_cfg):
+        """Records the run's hyper-parameters for TensorBoard's HParams dashboard (experiments/hparams.py), once
+        per run directory: a re-entry (resume, evaluate, predict) runs the saved config, already recorded."""
         if not self.enabled or run_directory.has_hparams(self.model_dir):
             return
-        values = {}
-        for key in HPARAM_KEYS:
-            value = OmegaConf.select(cfg, key)
-            if value is not None:
-                values[key] = value if isinstance(value, (bool, int, float, str)) else str(list(value))
+        hparams, values, swept = hparams_record.hparams_and_values(cfg, hydra_cfg)
+        config = hparams_record.config_pb(hparams, hparams_record.metric_columns(task), swept)
         with tf.summary.create_file_writer(self.model_dir).as_default():
-            hparams_api.hparams_config(
-                hparams=[hparams_api.HParam(key) for key in values],
-                metrics=[hparams_api.Metric(headline, group="validation"),
-                         hparams_api.Metric("loss", group="validation")])
-            hparams_api.hparams(values)
+            tf.summary.experimental.write_raw_pb(config.SerializeToString(), step=0)
+            # The run directory as trial id: runs with the same values, in repeated sweeps, stay apart.
+            hparams_api.hparams(values, trial_id=os.path.abspath(self.model_dir))
 
 
 def write_metrics(model_dir, values: dict):

@@ -134,6 +134,9 @@ def test_every_leaf_key_is_declared_and_rejects_a_wrong_type(overrides):
     ("chest_xray", "trainer.optimizer=bogus", "trainer.optimizer=bogus is not one of adam|adamw|sgd"),
     ("chest_xray", "trainer.schedule=linear", "trainer.schedule=linear is not one of constant|cosine|step"),
     ("chest_xray", "trainer.momentum=1", "trainer.momentum=1 is not a number in [0, 1)"),
+    ("chest_xray", "trainer.profile_steps=[3,1]",
+     "trainer.profile_steps=[3,1] is not [start, stop]: two integers with 0 <= start < stop, or null"),
+    ("chest_xray", "trainer.profile_steps=5", "trainer.profile_steps=5 is not [start, stop]"),
     ("chest_xray", "trainer.decay_rate=0", "trainer.decay_rate=0 is not a number in (0, 1]"),
     ("chest_xray", "pipeline.cache=bogus", "pipeline.cache=bogus is not one of none|memory|disk"),
     ("chest_xray", "pipeline.source=bogus", "pipeline.source=bogus is not one of files|tfrecord"),
@@ -168,7 +171,7 @@ def test_good_values_pass():
     from experiments import schema
 
     for overrides in [("pipeline.image_size=[32,48]", "trainer.eval_steps=null", "pipeline.dtype=float16",
-                       "trainer.learning_rate=1", "mode=predict", "pipeline.cache=disk", "pipeline.source=tfrecord"),
+                       "trainer.learning_rate=1", "mode=predict", "trainer.profile_steps=[0,2]", "pipeline.cache=disk", "pipeline.source=tfrecord"),
                       ("dataset=lfw_pairs", "dataset.eval_pairs=pairs", "dataset.fold=9", "dataset.crop_fraction=null",
                        "model.merge=pixel_difference", "tfrecord.encoding=raw"),
                       ("dataset=imagenet_det", "model=resnet_v2_50", "trainer.optimizer=sgd", "deterministic=true")]:

@@ -14,6 +14,7 @@ line on stderr and exit status 2, as a config error is for run.py.
 """
 import argparse
 import logging
+import os
 import re
 import signal
 import socket
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 # pipeline.service against the same pattern before TensorFlow starts.
 ADDRESS = re.compile(r"grpc://(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 _CONNECT_SECONDS = 5
+_STOP_SECONDS = 10
 
 
 def split_address(address, key="pipeline.service") -> tuple:
@@ -88,7 +90,15 @@ def _serve(server, what) -> None:
     while not stop.wait(1.0):
         pass
     log.info("%s: %s received, stopping", what, received[0])
-    server.stop()
+    # A worker's stop waits for the tasks of jobs still open (a trainer that went away is only forgotten
+    # after minutes), so it gets a bounded wait; the process ends either way, and the servers with it.
+    stopping = threading.Thread(target=server.stop, daemon=True)
+    stopping.start()
+    stopping.join(_STOP_SECONDS)
+    if stopping.is_alive():
+        log.info("%s stopped, leaving the tasks of open jobs unfinished after %d s", what, _STOP_SECONDS)
+        logging.shutdown()
+        os._exit(0)  # an orderly exit would wait for those tasks again
     log.info("%s stopped", what)
 
 

@@ -110,14 +110,15 @@ def test_run_py_reports_a_malformed_address_in_one_line_before_tensorflow_starts
 
 def test_a_worker_says_in_one_line_when_its_dispatcher_cannot_be_reached(tmp_path):
     port = _free_port()  # nothing listens there
-    result = subprocess.run([sys.executable, "-m", "data.service", "worker", "--dispatcher", f"grpc://localhost:{port}"],
-                            cwd=PROJECT, capture_output=True, text=True, timeout=120,
+    command = [sys.executable, "-m", "data.service", "worker", "--dispatcher", f"grpc://localhost:{port}"]
+    result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 2
     # TensorFlow's start-up lines come first: the data package imports it before the command line runs.
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (f"config error: --dispatcher=grpc://localhost:{port}: no tf.data service dispatcher answers "
-                      f"there (Connection refused); start one with `python -m data.service dispatcher --port {port}`")
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"config error: --dispatcher=grpc://localhost:{port}: no tf.data service dispatcher answers "
+        f"there (Connection refused); start one with `python -m data.service dispatcher --port {port}`")
 
 
 # ----- the pipeline through an in-process service -------------------------------------------------------------
@@ -181,3 +182,19 @@ def test_a_run_whose_dispatcher_cannot_be_reached_exits_2_in_one_line(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"config error: pipeline.service=grpc://localhost:{port}: no tf.data service dispatcher answers there "
         f"(Connection refused); start one with `python -m data.service dispatcher --port {port}`")
+
+
+@pytest.mark.slow  # starts two TensorFlow servers beside the benchmark
+def test_the_service_benchmark_prints_its_rows_and_ratios():
+    result = subprocess.run([sys.executable, "benchmarks/service.py", "--workers", "1", "--repeats", "1", "--seconds",
+                             "0.5"], cwd=PROJECT, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "command: python benchmarks/service.py --workers 1 --repeats 1 --seconds 0.5" in out
+    assert "chest_xray, 64 px, batch 16" in out and "load average" in out
+    rows = {line.split("  ")[1].strip(): line.split()[-4:] for line in out.splitlines()
+            if line.startswith("  file pipeline") or line.startswith("  through")}
+    assert set(rows) == {"file pipeline, read here", "through a localhost dispatcher, 1 worker(s)"}
+    assert all(float(value) > 0 for values in rows.values() for value in values)
+    assert "images/s" in out.split("ratio to the local row")[1] and "per CPU-s" in out

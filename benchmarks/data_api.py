@@ -102,6 +102,14 @@ def train_input(cfg, table, workdir, seed):
     return input_fn(task_from_config(cfg), table, pipeline, split="train", training=True, model_dir=workdir)
 
 
+# ----- data API adapter: the tf.data service's servers -------------------------------------------
+
+
+def service_command(server, *args):
+    """The command line that starts a tf.data service `server` (dispatcher or worker) of the project."""
+    return [sys.executable, "-m", "data.service", server, *args]
+
+
 # ----- data API adapter: the TFRecord converter ------------------------------------------------
 
 

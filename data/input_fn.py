@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from data import caching
+from data import caching, service
 from data.sources import SampledRecords, TableRecords
 from data.tfrecords import TFRecordSettings
 from data.tfrecords.reader import TFRecordRecords
@@ -35,6 +35,8 @@ class Pipeline:
         seed: the shuffle and sampling seed.
         deterministic: keep element order in training too (evaluation always keeps it).
         tfrecord: where to read TFRecord shards, or None to read the dataset's own files.
+        service: grpc://host:port of a tf.data service dispatcher whose workers make the training
+            batches (data/service.py), or None to make them here.
     """
 
     batch_size: int
@@ -44,12 +46,14 @@ class Pipeline:
     seed: int
     deterministic: bool
     tfrecord: TFRecordSettings = None
+    service: str = None
 
     @classmethod
     def from_config(cls, cfg) -> "Pipeline":
         tfrecord = TFRecordSettings.from_config(cfg) if cfg.pipeline.source == "tfrecord" else None
         return cls(int(cfg.pipeline.batch_size), cfg.pipeline.cache, cfg.pipeline.shuffle_buffer,
-                   float(cfg.pipeline.shuffle_mb), int(cfg.seed), bool(cfg.deterministic), tfrecord)
+                   float(cfg.pipeline.shuffle_mb), int(cfg.seed), bool(cfg.deterministic), tfrecord,
+                   cfg.pipeline.service)
 
     def buffer(self, count, element_bytes) -> int:
         """A shuffle buffer for `count` elements of about `element_bytes` each: the whole split, up to shuffle_mb."""
@@ -136,10 +140,14 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         data = data.map(lambda features, labels: (features, labels, tf.ones([batch_size])))
     else:
         data = data.batch(batch_size).map(pad_batch(batch_size))
-    # Overlap input with the model step.
-    data = data.prefetch(AUTOTUNE)
     options = tf.data.Options()
     # Training may take whichever image decodes first; evaluation keeps table order, which
     # predictions.csv and the protocol metrics rely on.
     options.deterministic = pipeline.deterministic or not training
-    return data.with_options(options)
+    data = data.with_options(options)
+    if training and pipeline.service:
+        # Everything above, the decode included, runs on the service's workers; only batches come here.
+        # Evaluation stays local: the service neither keeps table order nor promises every example once.
+        data = service.distribute(data, pipeline.service)
+    # Overlap input with the model step.
+    return data.prefetch(AUTOTUNE)

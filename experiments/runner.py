@@ -160,6 +160,11 @@ class Estimator:
             save_input = False
             log.info("strategy=multi_worker: checkpoints leave out the workers' input iterators; a resumed run "
                      "starts each worker's input stream over")
+        elif save_input and cfg.pipeline.service:
+            # The service's workers hold the stream's position and shuffle buffers; no iterator here can save them.
+            save_input = False
+            log.info("pipeline.service: checkpoints leave out the input iterator, whose stream the service's workers "
+                     "make; a resumed run starts its input stream over")
         checkpoint = trainer.checkpoint(iterator if save_input else None)
         manager = self._manager(checkpoint)
         signature = run_directory.input_signature(cfg, trainer.replicas, save_input)
@@ -178,6 +183,9 @@ class Estimator:
             else:
                 checkpoint.restore(latest).assert_existing_objects_matched()
             log.info("Resumed from %s at global step %d", latest, trainer.step)
+            if not save_input:
+                log.warning("The checkpoint holds no input iterator: the input stream starts over at global step %d",
+                            trainer.step)
         if self.chief:
             run_directory.note_input(self.checkpoint_dir, trainer.step, signature)
         return iterator, manager

@@ -17,6 +17,7 @@ per error, naming the key, the value and what is allowed.
 """
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,20 @@ def integers(low=1, length=None) -> Key:
 PROFILE_STEPS = _with_null(Key("[start, stop]: two integers with 0 <= start < stop",
                                lambda value: integers(0, length=2).accepts(value) and value[0] < value[1]),
                            "no profile")
+
+
+# A tf.data service dispatcher's address, in form only (data/service.py uses the same pattern and checks that
+# something answers there once TensorFlow runs).
+SERVICE_ADDRESS = re.compile(r"grpc://(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
+
+
+def _is_service_address(value):
+    match = SERVICE_ADDRESS.fullmatch(value) if isinstance(value, str) else None
+    return match is not None and 1 <= int(match["port"]) <= 65535
+
+
+SERVICE = _with_null(Key("grpc://host:port (a port in 1..65535)", _is_service_address), "decode locally")
+
 IMAGE_SIZE = Key("an integer >= 1 (a square side) or [height, width]",
                  lambda value: integer(1).accepts(value) or integers(1, length=2).accepts(value))
 
@@ -125,6 +140,7 @@ KEYS = {
     "pipeline.shuffle_buffer": integer(1, null="as many as pipeline.shuffle_mb holds"),
     "pipeline.shuffle_mb": number(0, low_open=True),
     "pipeline.verify_images": FLAG,
+    "pipeline.service": SERVICE,
 
     "trainer.train_steps": integer(1),
     "trainer.eval_every": integer(1),
@@ -291,6 +307,9 @@ def _unknown(cfg, key, value, keys):
 
 def _combinations(cfg) -> str | None:
     """Keys whose values are each fine but do not go together."""
+    if cfg.pipeline.service and cfg.pipeline.cache != "none":
+        return (f"pipeline.cache={cfg.pipeline.cache} does not go with pipeline.service={cfg.pipeline.service}: "
+                f"a cache would sit on each service worker, partial; use one or the other")
     wanted = DATASET_INPUTS[cfg.dataset.name]
     if cfg.model.inputs != wanted:
         fitting = sorted(name for name, model in MODEL_KEYS.items() if model["model.inputs"].accepts(wanted))

@@ -1,0 +1,159 @@
+"""The tf.data service: training input decoded on other machines' cores (``pipeline.service``).
+
+One dispatcher hands out the work; each worker runs the training pipeline up to its batches (read,
+shuffle, decode, resize, batch) and streams uint8 batches to the trainer, which only augments and
+normalises them in its step. Start them with::
+
+    python -m data.service dispatcher --port 5050
+    python -m data.service worker --dispatcher grpc://HOST:5050     # on each machine with spare cores
+
+A worker needs TensorFlow and the image files (or TFRecord shards) at the paths the trainer indexed
+them under; the pipeline's graph comes from the trainer. SIGINT or SIGTERM stops a server cleanly
+(exit 0); a dispatcher that cannot be reached, or an address that is not ``grpc://host:port``, is one
+line on stderr and exit status 2, as a config error is for run.py.
+"""
+import argparse
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+
+import tensorflow as tf
+
+from data.errors import ConfigError
+
+log = logging.getLogger(__name__)
+# grpc://host:port, the host a name, an IPv4 address or a bracketed IPv6 one. experiments/schema.py checks
+# pipeline.service against the same pattern before TensorFlow starts.
+ADDRESS = re.compile(r"grpc://(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
+_CONNECT_SECONDS = 5
+_STOP_SECONDS = 10
+
+
+def split_address(address, key="pipeline.service") -> tuple:
+    """(host, port) of a ``grpc://host:port`` address; ConfigError, naming `key`, when it has another form."""
+    match = ADDRESS.fullmatch(str(address))
+    if not match or not 1 <= int(match["port"]) <= 65535:
+        raise ConfigError(f"{key}={address} is not grpc://host:port (a port in 1..65535)")
+    return match["host"].strip("[]"), int(match["port"])
+
+
+def check_dispatcher(address, key="pipeline.service") -> None:
+    """Raises ConfigError, in one line, unless something accepts connections at the dispatcher's address.
+
+    Without this, a trainer or a worker pointed at a wrong address would wait on it silently."""
+    host, port = split_address(address, key)
+    try:
+        socket.create_connection((host, port), timeout=_CONNECT_SECONDS).close()
+    except OSError as error:
+        raise ConfigError(f"{key}={address}: no tf.data service dispatcher answers there "
+                          f"({error.strerror or error}); start one with `python -m data.service dispatcher "
+                          f"--port {port}`") from None
+
+
+def distribute(data, address) -> tf.data.Dataset:
+    """`data`, produced by the tf.data service's workers and streamed to this process.
+
+    The processing mode is ``distributed_epoch`` (ShardingPolicy.DYNAMIC): the dispatcher hands each
+    worker a disjoint share of the source's records (table rows, TFRecord files, LFW's pair indices)
+    as it asks for more, so each epoch still sees every example once, however many workers join.
+    With ``parallel_epochs`` every worker would run the whole seeded pipeline, and the trainer would
+    get every batch once per worker.
+
+    Elements cross uncompressed: they are decoded uint8 pixels, which compress little, and
+    decompressing them would spend the trainer's CPU, the resource the service is there to spare.
+    """
+    check_dispatcher(address)
+    log.info("Training input from the tf.data service at %s: its workers read, decode and batch (they need "
+             "the dataset's files at the same paths); augmentation stays in the train step", address)
+    return data.apply(tf.data.experimental.service.distribute(
+        tf.data.experimental.service.ShardingPolicy.DYNAMIC, address, compression=None))
+
+
+# ----- python -m data.service: the servers -------------------------------------------------------------------
+
+
+def _serve(server, what) -> None:
+    """Serves until SIGINT or SIGTERM, then stops `server` and returns."""
+    stop = threading.Event()
+    received = []
+
+    def handle(signum, _frame):
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handle)
+    while not stop.wait(1.0):
+        pass
+    log.info("%s: %s received, stopping", what, received[0])
+    # A worker's stop waits for the tasks of jobs still open (a trainer that went away is only forgotten
+    # after minutes), so it gets a bounded wait; the process ends either way, and the servers with it.
+    stopping = threading.Thread(target=server.stop, daemon=True)
+    stopping.start()
+    stopping.join(_STOP_SECONDS)
+    if stopping.is_alive():
+        log.info("%s stopped, leaving the tasks of open jobs unfinished after %d s", what, _STOP_SECONDS)
+        logging.shutdown()
+        os._exit(0)  # an orderly exit would wait for those tasks again
+    log.info("%s stopped", what)
+
+
+def run_dispatcher(args) -> None:
+    config = tf.data.experimental.service.DispatcherConfig(port=args.port, work_dir=args.work_dir,
+                                                           fault_tolerant_mode=bool(args.work_dir))
+    server = tf.data.experimental.service.DispatchServer(config)
+    address = f"grpc://{args.host}:{args.port}"
+    log.info("Dispatcher listening on port %d. Start workers with `python -m data.service worker --dispatcher %s` "
+             "and train with `python run.py ... pipeline.service=%s`", args.port, address, address)
+    _serve(server, "Dispatcher")
+
+
+def run_worker(args) -> None:
+    host, port = split_address(args.dispatcher, "--dispatcher")
+    check_dispatcher(args.dispatcher, "--dispatcher")
+    # The trainer fetches batches from the address the worker registers with, so it must be one the
+    # trainer can reach: this machine's name unless --host says otherwise.
+    config = tf.data.experimental.service.WorkerConfig(dispatcher_address=f"{host}:{port}", port=args.port,
+                                                       worker_address=f"{args.host}:%port%")
+    server = tf.data.experimental.service.WorkerServer(config)
+    log.info("Worker started as %s:%s; it registers with the dispatcher at %s", args.host,
+             args.port or "(a free port)", args.dispatcher)
+    _serve(server, "Worker")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m data.service", description=__doc__.split("\n")[0])
+    servers = parser.add_subparsers(dest="server", required=True)
+    dispatcher = servers.add_parser("dispatcher", help="start the dispatcher")
+    dispatcher.add_argument("--port", type=int, default=5050)
+    dispatcher.add_argument("--host", default=socket.getfqdn(), help="this machine's name, for the logged commands")
+    dispatcher.add_argument("--work-dir", default=None,
+                            help="a folder where the dispatcher keeps its state, so a restarted one resumes")
+    worker = servers.add_parser("worker", help="start a worker")
+    worker.add_argument("--dispatcher", required=True, help="grpc://host:port of the dispatcher")
+    worker.add_argument("--port", type=int, default=0, help="the port to serve on (default: a free one)")
+    worker.add_argument("--host", default=socket.getfqdn(), help="the name trainers reach this machine by")
+    return parser
+
+
+def main(argv=None) -> int:
+    """The command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        (run_dispatcher if args.server == "dispatcher" else run_worker)(args)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    except tf.errors.OpError as error:  # e.g. the port is taken
+        print(f"error: the {args.server} could not start: {error.message.splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""pipeline.service: training input made by a tf.data service's workers (data/service.py)."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import PROJECT, compose, run_cli
+
+SMALL_RUN = ("dataset=imagenet_det", "experiment=smoke", "trainer.eval_every=100")
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    """`python -m data.service ...` as a user starts it, its log in a file."""
+
+    def __init__(self, log_path, *args):
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        self.process = subprocess.Popen([sys.executable, "-m", "data.service", *args], cwd=PROJECT, env=env,
+                                        stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_for(self, text, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log_path.read_text():
+                return
+            assert self.process.poll() is None, self.log_path.read_text()
+            time.sleep(0.2)
+        pytest.fail(f"no {text!r} in {self.log_path.read_text()}")
+
+    def stop(self):
+        """SIGTERM; returns the exit status."""
+        self.process.send_signal(signal.SIGTERM)
+        status = self.process.wait(timeout=60)
+        self.log.close()
+        return status
+
+
+@pytest.fixture
+def service(tmp_path):
+    """A dispatcher and two workers on localhost; yields the dispatcher's address. Each must stop cleanly."""
+    port = _free_port()
+    address = f"grpc://localhost:{port}"
+    dispatcher = Server(tmp_path / "dispatcher.log", "dispatcher", "--port", str(port), "--host", "localhost")
+    dispatcher.wait_for("Dispatcher listening")
+    workers = [Server(tmp_path / f"worker{index}.log", "worker", "--dispatcher", address, "--host", "localhost")
+               for index in range(2)]
+    for worker in workers:
+        worker.wait_for("Worker started")
+    yield address
+    for server in (*workers, dispatcher):
+        assert server.stop() == 0, server.log_path.read_text()
+        assert "stopped" in server.log_path.read_text()
+
+
+# ----- the config: checked before TensorFlow starts ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["localhost:5050", "grpc://localhost", "grpc://localhost:0", "grpc://h:70000",
+                                   "http://localhost:5050", 5050])
+def test_a_malformed_service_address_is_one_line(value):
+    from experiments import schema
+
+    problem = schema.first_problem(compose("dataset=chest_xray", f"pipeline.service={value}"), {})
+    assert problem == f"pipeline.service={value} is not grpc://host:port (a port in 1..65535), or null (decode locally)"
+
+
+@pytest.mark.parametrize("value", ["grpc://localhost:5050", "grpc://node-7.cluster.example:1", "grpc://10.0.0.2:65535",
+                                   "'grpc://[::1]:5050'", "null"])
+def test_a_good_service_address_passes(value):
+    from experiments import schema
+
+    assert schema.problems(compose("dataset=chest_xray", f"pipeline.service={value}"), {}) == []
+
+
+def test_the_service_does_not_go_with_a_cache():
+    from experiments import schema
+
+    cfg = compose("dataset=chest_xray", "pipeline.service=grpc://localhost:5050", "pipeline.cache=memory")
+    assert schema.first_problem(cfg, {}).startswith(
+        "pipeline.cache=memory does not go with pipeline.service=grpc://localhost:5050")
+
+
+def test_the_schema_checks_the_address_as_the_service_does():
+    from data import service
+    from experiments import schema
+
+    assert schema.SERVICE_ADDRESS.pattern == service.ADDRESS.pattern
+
+
+def test_run_py_reports_a_malformed_address_in_one_line_before_tensorflow_starts(tmp_path):
+    result = subprocess.run([sys.executable, "run.py", "dataset=chest_xray", "pipeline.service=localhost:5050",
+                             f"hydra.run.dir={tmp_path}"], cwd=PROJECT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stdout.strip() == ("config error: pipeline.service=localhost:5050 is not grpc://host:port "
+                                     "(a port in 1..65535), or null (decode locally)")
+
+
+def test_a_worker_says_in_one_line_when_its_dispatcher_cannot_be_reached(tmp_path):
+    port = _free_port()  # nothing listens there
+    command = [sys.executable, "-m", "data.service", "worker", "--dispatcher", f"grpc://localhost:{port}"]
+    result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 2
+    # TensorFlow's start-up lines come first: the data package imports it before the command line runs.
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"config error: --dispatcher=grpc://localhost:{port}: no tf.data service dispatcher answers "
+        f"there (Connection refused); start one with `python -m data.service dispatcher --port {port}`")
+
+
+# ----- the pipeline through an in-process service -------------------------------------------------------------
+
+
+def test_the_service_serves_the_training_batches_the_local_pipeline_makes():
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.data.experimental import service as tf_service
+
+    from tests.conftest import make_input, tables_of
+
+    dispatcher = tf_service.DispatchServer(tf_service.DispatcherConfig(port=0))
+    workers = [tf_service.WorkerServer(tf_service.WorkerConfig(dispatcher_address=dispatcher.target.split("://")[1]))
+               for _ in range(2)]
+    cfg = compose("dataset=imagenet_det", "pipeline.image_size=32", "pipeline.batch_size=4")
+    table = tables_of(cfg)["train"]
+    local = make_input(cfg, table, True, "train")
+    cfg.pipeline.service = dispatcher.target
+    served = make_input(cfg, table, True, "train")
+    assert served.element_spec == local.element_spec
+    # Every training image, decoded here in table order; the service's first epoch's worth are all among them.
+    known = {image.tobytes() for features, _, weights in make_input(cfg, table, False, "train")
+             for image, weight in zip(features.numpy(), weights.numpy()) if weight}
+    epoch = len(table) // 4
+    batches = list(served.take(epoch).as_numpy_iterator())
+    images = [image.tobytes() for features, _, _ in batches for image in features]
+    assert set(images) <= known
+    # distributed_epoch: a record goes to one worker, so the epoch is not served once per worker.
+    assert len(set(images)) > len(images) * 0.75
+    assert all(np.array_equal(weights, np.ones(4)) for _, _, weights in batches)
+    del workers, dispatcher, tf
+
+
+# ----- end to end ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a dispatcher, two workers and two runs start TensorFlow: about a minute on 2 cores
+def test_a_service_fed_run_trains_to_the_end_and_resumes(service, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(*SMALL_RUN, f"pipeline.service={service}", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Training input from the tf.data service at {service}" in result.stdout
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["global_step"] == 4
+    # Checkpoints leave the iterator out, and say so for the next resume.
+    records = json.loads((run_dir / "checkpoints" / "input_pipelines.json").read_text())
+    assert records[-1]["input"] is None
+    result = run_cli(*SMALL_RUN, f"pipeline.service={service}", "trainer.train_steps=6", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "at global step 4" in result.stdout
+    assert "The checkpoint holds no input iterator: the input stream starts over at global step 4" in result.stdout
+    assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == 6
+
+
+@pytest.mark.slow  # starts TensorFlow and indexes the sample before it reaches the service
+def test_a_run_whose_dispatcher_cannot_be_reached_exits_2_in_one_line(tmp_path):
+    port = _free_port()
+    result = run_cli(*SMALL_RUN, f"pipeline.service=grpc://localhost:{port}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"config error: pipeline.service=grpc://localhost:{port}: no tf.data service dispatcher answers there "
+        f"(Connection refused); start one with `python -m data.service dispatcher --port {port}`")
+
+
+@pytest.mark.slow  # starts two TensorFlow servers beside the benchmark
+def test_the_service_benchmark_prints_its_rows_and_ratios():
+    result = subprocess.run([sys.executable, "benchmarks/service.py", "--workers", "1", "--repeats", "1", "--seconds",
+                             "0.5"], cwd=PROJECT, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "command: python benchmarks/service.py --workers 1 --repeats 1 --seconds 0.5" in out
+    assert "chest_xray, 64 px, batch 16" in out and "load average" in out
+    rows = {line.split("  ")[1].strip(): line.split()[-4:] for line in out.splitlines()
+            if line.startswith("  file pipeline") or line.startswith("  through")}
+    assert set(rows) == {"file pipeline, read here", "through a localhost dispatcher, 1 worker(s)"}
+    assert all(float(value) > 0 for values in rows.values() for value in values)
+    assert "images/s" in out.split("ratio to the local row")[1] and "per CPU-s" in out

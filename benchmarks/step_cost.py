@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""What the trainer's traced train step costs over a minimal Keras train step on the same model and batches.
+
+    python benchmarks/step_cost.py [--dataset chest_xray] [--steps 10] [--rounds 3] [--loops 1,10]
+
+Rows, each timed after its trace and warm-up (start-up and tracing left out):
+- keras: the yardstick, written here independently of experiments/: one plain tf.function
+  (cast and scale the images, forward, cross-entropy, gradients, Adam's apply), called once
+  per batch, on its own instance of the dataset's default model.
+- step: the Trainer's one-step tf.function (`Trainer.train_step`): its augmentation, the
+  non-finite checks and skip, the batch-norm statistics kept for a skip, the global step.
+- loop N: `Trainer.train_loop(iterator, N)`, what the runner calls: the same step inside a
+  tf.while_loop with its clock ops and the results read back once per loop.
+
+Every row reads the same few batches of the project's training pipeline, cached in memory
+and repeated, so the input costs next to nothing and only the step is compared. Rows run in
+paired rounds, the order rotated every round, so drift and other processes' load fall on
+every row alike. Reported per row (medians over rounds): steps/s, images per CPU-second of
+this process (os.times: every thread of TensorFlow's pools), and the median per-round ratio
+of the row's time per step to the yardstick's, with its spread (min–max over rounds). The
+1-minute load average is printed before and after.
+"""
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import data_api  # noqa: E402
+from experiments import strategies  # noqa: E402
+from experiments.trainer import Trainer  # noqa: E402
+from models import BUILDERS  # noqa: E402
+
+CACHED_BATCHES = 4
+
+
+def keras_step(cfg, spec, image_size):
+    """The yardstick: a plain traced train step on a fresh instance of the default model, with Adam."""
+    model = BUILDERS[cfg.model.name](cfg.model, spec, image_size)
+    optimizer = keras.optimizers.Adam(cfg.trainer.learning_rate)
+    if spec.task == "multiclass":
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    else:
+        loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(features, labels, weights):
+        features = tf.nest.map_structure(lambda images: tf.cast(images, tf.float32) / 127.5 - 1.0, features)
+        if spec.task != "multiclass":  # multi-label or binary targets, shaped as the logits
+            labels = tf.reshape(tf.cast(labels, tf.float32), [tf.shape(labels)[0], -1])
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            loss = loss_fn(labels, logits, sample_weight=weights)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(gradients, model.trainable_variables)
+        return loss
+
+    return step
+
+
+def build(dataset):
+    """The dataset's default config, a Trainer, the yardstick's step, and an iterator over a few cached
+    batches of the training pipeline; and images per example."""
+    cfg = data_api.compose_defaults(dataset)
+    tf.keras.utils.set_random_seed(cfg.seed)
+    info = data_api.describe(cfg)
+    trainer = Trainer(cfg, info.spec, strategies.make_strategy(cfg.strategy), info.size)
+    batches = data_api.train_input(cfg, info.table, workdir=None, seed=cfg.seed).take(CACHED_BATCHES).cache()
+    iterator = iter(batches.repeat())
+    for _ in range(CACHED_BATCHES):  # fills the cache, so no row pays for the pipeline's start
+        next(iterator)
+    return cfg, trainer, keras_step(cfg, info.spec, info.size), iterator, 2 if info.spec.paired else 1
+
+
+def rows(trainer, yardstick, iterator, loops):
+    """Each row as a function that runs `steps` steps and waits for their results."""
+    def keras_row(steps):
+        for _ in range(steps):
+            loss = yardstick(*next(iterator))
+        float(loss)
+
+    def step_row(steps):
+        for _ in range(steps):
+            loss = trainer.train_step(*next(iterator))[0]
+        float(loss)
+
+    def loop_row(per_loop):
+        def run(steps):
+            for _ in range(steps // per_loop):
+                trainer.train_loop(iterator, per_loop)
+        return run
+
+    return {"keras": keras_row, "step": step_row, **{f"loop {n}": loop_row(n) for n in loops}}
+
+
+def measure(run, steps):
+    """Wall and CPU seconds (this process, every thread) of `steps` steps."""
+    times, started = os.times(), time.perf_counter()
+    run(steps)
+    seconds, after = time.perf_counter() - started, os.times()
+    return seconds, (after.user - times.user) + (after.system - times.system)
+
+
+def spread(ratios):
+    return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="chest_xray")
+    parser.add_argument("--steps", type=int, default=10, help="steps per row and round")
+    parser.add_argument("--rounds", type=int, default=3, help="0: only the first calls (the traces)")
+    parser.add_argument("--loops", default="1,10", help="train_loop lengths to time")
+    args = parser.parse_args()
+    loops = [int(n) for n in args.loops.split(",")]
+    steps = max(loops) * max(1, args.steps // max(loops))  # whole loops of every length
+    print("command: python benchmarks/step_cost.py " + shlex.join(sys.argv[1:]))
+    print(f"load average (1 min) before: {os.getloadavg()[0]:.2f}; cores: {len(os.sched_getaffinity(0))}")
+    cfg, trainer, yardstick, iterator, images_per_example = build(args.dataset)
+    timed = rows(trainer, yardstick, iterator, loops)
+    for name, run in timed.items():
+        # The first call traces (the loop rows share one trace: the first of them pays it); the second warms up.
+        count = int(name.split()[1]) if name.startswith("loop") else 1
+        (first, first_cpu), (second, second_cpu) = measure(run, count), measure(run, count)
+        print(f"{name}: first call of {count} step(s) {first:.1f} s ({first_cpu:.1f} CPU-s), "
+              f"the second {second:.1f} s ({second_cpu:.1f} CPU-s)", flush=True)
+    names = list(timed)
+    results = {name: [] for name in names}
+    for number in range(args.rounds):
+        shift = number % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(measure(timed[name], steps))
+    if args.rounds:
+        report(args, cfg, results, steps, cfg.pipeline.batch_size * images_per_example * steps)
+    print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
+
+
+def report(args, cfg, results, steps, images):
+    """The table: medians over rounds, and per-round ratios to the yardstick with their spread."""
+    print(f"\n{args.dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} "
+          f"image_size={cfg.pipeline.image_size}, {steps} steps per row, {args.rounds} rounds")
+    print("| row | steps/s | images/CPU-s | time per step ÷ keras (min–max) | CPU per step ÷ keras (min–max) |\n"
+          "|---|---|---|---|---|")
+    for name in results:
+        ratios = [run[0] / base[0] for run, base in zip(results[name], results["keras"])]
+        cpu_ratios = [run[1] / base[1] for run, base in zip(results[name], results["keras"])]
+        rate = statistics.median(steps / seconds for seconds, _ in results[name])
+        per_cpu = statistics.median(images / cpu for _, cpu in results[name])
+        print(f"| {name} | {rate:.3f} | {per_cpu:.1f} | "
+              f"{spread(ratios)} | {spread(cpu_ratios)} |")
+
+
+if __name__ == "__main__":
+    main()

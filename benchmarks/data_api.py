@@ -45,9 +45,10 @@ class DatasetInfo:
 
 
 def compose_cfg(dataset, batch_size, image_size, *overrides):
-    """The project's config for `dataset`, composed with Hydra as `python run.py` would."""
-    return compose_defaults(dataset, f"pipeline.batch_size={batch_size}", f"pipeline.image_size={image_size}",
-                            *overrides)
+    """The project's config for `dataset`, composed with Hydra as `python run.py` would; `image_size`
+    None keeps the dataset's own default."""
+    sizes = [] if image_size is None else [f"pipeline.image_size={image_size}"]
+    return compose_defaults(dataset, f"pipeline.batch_size={batch_size}", *sizes, *overrides)
 
 
 def compose_defaults(dataset, *overrides):
@@ -115,8 +116,9 @@ def service_command(server, *args):
 
 def tfrecord_convert_command(name, encoding, directory, image_size, hydra_dir):
     """The command line that converts `name`'s sample into TFRecord shards under `directory`."""
+    sizes = [] if image_size is None else [f"pipeline.image_size={image_size}"]
     return [sys.executable, "-m", "data.tfrecords", f"dataset={name}", f"tfrecord.encoding={encoding}",
-            f"tfrecord.dir={directory}", f"pipeline.image_size={image_size}", f"hydra.run.dir={hydra_dir}"]
+            f"tfrecord.dir={directory}", *sizes, f"hydra.run.dir={hydra_dir}"]
 
 
 def tfrecord_overrides(encoding, directory):

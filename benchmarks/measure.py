@@ -44,6 +44,7 @@ class Bench:
     """One dataset at one batch and image size: its config, training table and Python-side twins."""
 
     def __init__(self, name, batch_size, image_size, workdir):
+        """`image_size`: an int, or None for the dataset's own default (conf/dataset/<name>.yaml)."""
         import data_api
 
         self.name, self.batch_size, self.image_size = name, batch_size, image_size
@@ -97,8 +98,14 @@ class Bench:
     def pil_image(self, path):
         """PIL's decode and the same crop and resize as the project: uint8 (height, width, channels)."""
         height, width = self.size
+        mode = "L" if self.spec.channels == 1 else "RGB"
         with Image.open(path) as image:
-            image = image.convert("L" if self.spec.channels == 1 else "RGB")
+            if image.format == "JPEG" and self.method == "resize":
+                # PIL's reduced JPEG decode (libjpeg's DCT scaling) down to the least that still leaves
+                # the kept window at least the output size: PIL's counterpart to c's windowed decode.
+                keep = self.crop_fraction or 1
+                image.draft(mode, (math.ceil(width / keep), math.ceil(height / keep)))
+            image = image.convert(mode)
         if self.crop_fraction:
             # tf.image.central_crop's box.
             top = int((image.height - image.height * self.crop_fraction) / 2)
@@ -182,6 +189,7 @@ class Source:
         self._images_per_batch = images_per_batch
         self.batches = None  # fixed per measurement, set by calibration
         self.rates, self.cpu_rates, self.busy, self.others = [], [], [], []
+        self.loads = []  # (before, after): the 1-minute load average around each measurement
         self.wall_scale = 1  # the ceiling reports one core's wall time divided by the cores
 
     @property
@@ -282,7 +290,9 @@ def run_interleaved(sources, seconds, repeats, quiet_wait=0.0):
                 # After three waits in a row in vain the machine is busy for good: stop waiting.
                 missed = 0 if wait_for_quiet(quiet_wait) else missed + 1
             warmup = max(2, math.ceil(source.batches / 5))
+            before = load_average()
             source.record(*source.measure(warmup, source.batches))
+            source.loads.append((before, load_average()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,6 +310,12 @@ def round_ratios(by_key, top, bottom, field="rates"):
     if top not in by_key or bottom not in by_key:
         return None
     return [x / y for x, y in zip(getattr(by_key[top], field), getattr(by_key[bottom], field))]
+
+
+def load_text(source):
+    """'before–after': the medians over rounds of the load average around the row's measurements."""
+    before, after = zip(*source.loads)
+    return f"{statistics.median(before):.1f}–{statistics.median(after):.1f}"
 
 
 def ratio_text(ratios):

@@ -2,11 +2,12 @@
 """Input-pipeline throughput, every input source measured side by side in one run.
 
     python benchmarks/throughput.py [--datasets chest_xray,lfw_pairs,imagenet_det] [--batch-size 64]
-                                    [--image-size 224] [--seconds 3] [--repeats 3] [--quiet-wait 10]
+                                    [--image-size default,224] [--seconds 3] [--repeats 3] [--quiet-wait 10]
                                     [--only ceiling,cores,a,b,c,d,e,f,g,h]
 
-For each dataset module present, on its embedded sample's training split, at one batch and
-image size, it measures images/s and images per CPU-second of:
+For each dataset module present, on its embedded sample's training split, at one batch size
+and each image size (`default`: the dataset's own, conf/dataset/<name>.yaml), it measures
+images/s and images per CPU-second of:
 
     ceiling  the minimal TF decode (read, decode, bilinear resize, uint8; not the project's code) on
              one core in a pinned subprocess, x cores
@@ -21,7 +22,9 @@ image size, it measures images/s and images per CPU-second of:
     h        ImageNet DET only: g with its decode moved to a second map, which TF 2.21 parallelises
 
 a, b, g and h do the same work as c per image: decode, the same crop and resize (PIL's bilinear
-filter is antialiased when shrinking, like tf.image.resize(antialias=True)), uint8 out. The
+filter is antialiased when shrinking, like tf.image.resize(antialias=True)), uint8 out. Where c
+decodes only a JPEG's window, a and b use PIL's reduced decode (draft()) where it applies; PIL
+has no windowed decode, so with crop_or_pad (DET) they decode whole JPEGs where c does not. The
 ceiling does only the minimal decode (no crop, plain bilinear), so c ÷ ceiling shows what the
 project's per-image work costs against the least TensorFlow can do. No row augments or
 normalises: the train step does that on the device for every source alike.
@@ -33,7 +36,9 @@ to take about `--seconds`. Before each measurement it waits (up to `--quiet-wait
 processes to go quiet. The tables report medians; ratios are medians of per-round ratios, with
 their min–max over the rounds. Beside images/s every row reports images per CPU-second of this
 process and its workers, which other load hardly moves, and how many cores other processes used
-meanwhile; each dataset gives the 1-minute load average before and after its rounds.
+meanwhile, and the 1-minute load average before and after its measurements (medians over rounds);
+each dataset gives the load average before and after its rounds. Cores per 1,000 images/s is
+1,000 ÷ images per CPU-second. A summary table over every dataset and size closes the report.
 
 The starvation check is benchmarks/starvation.py.
 """
@@ -41,7 +46,6 @@ import argparse
 import logging
 import math
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,14 +57,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import data_api  # noqa: E402
 from baselines import (CeilingSource, from_generator_dataset, python_loop_start, torch_start,  # noqa: E402
                        tutorial_det_dataset)
-from measure import (CORES, ROOT, SEED, Bench, Source, load_average, median, ratio_text, round_ratios,  # noqa: E402
-                     run_interleaved, target_line, tf_start)
-from PIL import Image  # noqa: E402
+from measure import CORES, ROOT, SEED, Bench, Source, load_average, run_interleaved, tf_start  # noqa: E402
+from report import ROWS, print_summary, report_dataset  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
 log = logging.getLogger("benchmarks.throughput")
-ROWS = ("ceiling", "cores", "a", "b", "c", "d", "e", "f", "g", "h")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,85 +180,17 @@ def build_sources(bench, only, notes):
 
 
 # ---------------------------------------------------------------------------------------------
-# One dataset's report
-
-
-def print_rows(bench, by_key, notes, repeats, load):
-    """The dataset's heading and its table: one line per row measured or left out."""
-    rate = {key: median(source) for key, source in by_key.items()}
-    c = rate.get("c")
-    with Image.open(bench.first_image()) as image:
-        example_image = f"{image.width}x{image.height} {image.format}"
-    height, width = bench.size
-    paired = bench.spec.paired
-    what = "images (pairs drawn from them)" if paired else "images"
-    print(f"\n### {bench.name}: {example_image} sources -> {height}x{width}, batch {bench.batch_size}"
-          f"{' pairs' if paired else ''}, {len(bench.table)} training {what}; median of {repeats} interleaved "
-          f"repeats; load average (1 min) {load[0]:.2f} before, {load[1]:.2f} after the rounds\n")
-    header = ("| row | input source | images/s | min–max |" + (" pairs/s |" if paired else "") +
-              " ÷ c (min–max) | images per CPU-s | cores busy | others' cores |")
-    print(header)
-    print("|" + "---|" * (header.count("|") - 1))
-    for key in ROWS:
-        if key in by_key:
-            source, value = by_key[key], rate[key]
-            spread = f"{min(source.rates):,.0f}–{max(source.rates):,.0f}"
-            pairs = f" {value / 2:,.0f} |" if paired else ""
-            vs_c = ratio_text(round_ratios(by_key, key, "c")) if c else "–"
-            print(f"| {key} | {source.title} | {value:,.0f} | {spread} |{pairs} {vs_c} | "
-                  f"{statistics.median(source.cpu_rates):,.0f} | {statistics.median(source.busy):.2f} | "
-                  f"{statistics.median(source.others):.2f} |")
-        elif key in notes:
-            print(f"| {key} | {notes[key]} | – | – |" + (" – |" if paired else "") + " – | – | – | – |")
-    extra = [f"{key[0]}: {notes[key]}" for key in ("d_convert", "e_convert", "f_fill") if key in notes]
-    if extra:
-        print("\n(" + "; ".join(extra) + ")")
-    return rate
-
-
-def print_ratios(bench, by_key):
-    """The ratios against their targets: medians of per-round ratios, with their min–max."""
-    chest = bench.name == "chest_xray"
-    print(f"\nratios ({bench.name}; median of per-round ratios, min–max over rounds):")
-    print(target_line("c ÷ ceiling", round_ratios(by_key, "c", "ceiling"), 0.8 if bench.spec.paired else 0.85))
-    if "cores" in by_key:
-        print(f"  {'c ÷ cores':<26} {ratio_text(round_ratios(by_key, 'c', 'cores'))}   (diagnostic: c against "
-              f"every core decoding at once; cores ÷ ceiling {ratio_text(round_ratios(by_key, 'cores', 'ceiling'))})")
-    print(target_line("c ÷ a", round_ratios(by_key, "c", "a"), 3 if chest else 4))
-    print(target_line("c ÷ b", round_ratios(by_key, "c", "b"), 1.3))
-    print(target_line("e ÷ c", round_ratios(by_key, "e", "c"), 30 if chest and bench.image_size == 224 else None))
-    print(target_line("d ÷ c", round_ratios(by_key, "d", "c"), None))
-    print(target_line("f ÷ c", round_ratios(by_key, "f", "c"), None))
-    if bench.name in ("lfw_pairs", "imagenet_det"):
-        print(target_line("c ÷ g", round_ratios(by_key, "c", "g"), 3))
-    if bench.name == "imagenet_det":
-        print(target_line("c ÷ h", round_ratios(by_key, "c", "h"), None))
-    if bench.spec.paired and "c" in by_key:
-        c = median(by_key["c"])
-        print(f"  pair pipeline c: {c / 2:,.0f} pairs/s = {c:,.0f} images/s (two decodes per pair)")
-    if "c" in by_key and "ceiling" in by_key:
-        # CPU time is immune to other processes' load: how much work per image c adds to the bare decode.
-        print(f"  {'c ÷ ceiling per CPU-second':<26} {ratio_text(round_ratios(by_key, 'c', 'ceiling', 'cpu_rates'))}"
-              f"   (diagnostic: c's CPU cost per image vs the minimal one-core decode, unaffected by other load)")
-
-
-def report_dataset(bench, sources, notes, repeats, load):
-    """Prints the dataset's table and ratios; returns {row: median images/s}."""
-    by_key = {source.key: source for source in sources}
-    rate = print_rows(bench, by_key, notes, repeats, load)
-    print_ratios(bench, by_key)
-    return rate
-
-
-# ---------------------------------------------------------------------------------------------
 # The run
 
 
-def run_dataset(name, args, only, workdir):
-    """Measures and reports one dataset; returns its summary entry, or None when it failed."""
+def run_dataset(name, image_size, args, only, workdir):
+    """Measures and reports one dataset at one image size (None: its default); returns its summary
+    entry, or None when it failed."""
     sources = []
     try:
-        bench = Bench(name, args.batch_size, args.image_size, workdir)
+        folder = Path(workdir) / f"{name}-{image_size or 'default'}"
+        folder.mkdir()
+        bench = Bench(name, args.batch_size, image_size, folder)
         notes = {}
         sources = build_sources(bench, only, notes)
         before = load_average()
@@ -270,10 +204,12 @@ def run_dataset(name, args, only, workdir):
         for source in sources:
             if isinstance(source, CeilingSource):
                 source.close()
-    rate = report_dataset(bench, sources, notes, args.repeats, load)
-    cpu_rate = {source.key: statistics.median(source.cpu_rates) for source in sources}
-    return {"rate": rate, "cpu_rate": cpu_rate, "notes": notes, "load": load,
-            "titles": {s.key: s.title for s in sources}}
+    return report_dataset(bench, sources, notes, args.repeats, load)
+
+
+def image_sizes(text):
+    """`--image-size`: comma-separated sizes, `default` for each dataset's own (None)."""
+    return [None if size == "default" else int(size) for size in text.split(",")]
 
 
 def throughput(args, command_line):
@@ -288,61 +224,25 @@ def throughput(args, command_line):
           "images per CPU-s counts this process and its workers only, so other load hardly moves it; cores busy is "
           "CPU-s per wall-s (the ceiling: of its one pinned core); others' cores is what other processes used "
           "meanwhile")
-    summary, failed = {}, False
+    summary, failed = [], False
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as workdir:
         for name in args.datasets.split(","):
             absent = data_api.dataset_absent(name)
             if absent:
                 print(f"\n### {name}: skipped: {absent}")
                 continue
-            started = time.perf_counter()
-            entry = run_dataset(name, args, only, workdir)
-            if entry is None:
-                failed = True
-                continue
-            summary[name] = entry
-            print(f"\n({name} took {time.perf_counter() - started:.0f} s; load average now "
-                  f"{load_average():.1f} -- other processes on the machine show up as noise)")
+            for image_size in args.image_size:
+                started = time.perf_counter()
+                entry = run_dataset(name, image_size, args, only, workdir)
+                if entry is None:
+                    failed = True
+                    continue
+                summary.append(entry)
+                print(f"\n({entry['label']} took {time.perf_counter() - started:.0f} s; load average now "
+                      f"{load_average():.1f} -- other processes on the machine show up as noise)")
     print_summary(summary, args)
     print(f"\ncommand: {command_line}")
     return 1 if failed else 0
-
-
-SUMMARY_TITLES = {"g": "tutorial baseline (LFW: from_generator + PIL; DET: from_generator + py_function XML)",
-                  "cores": f"minimal TF decode on all {CORES} cores at once",
-                  "h": "DET tutorial, decode in a 2nd map (auto-parallelised)"}
-FALLBACK_TITLES = {"b": "PyTorch DataLoader + PIL", "d": "TFRecord encoded", "e": "TFRecord raw", "f": "cache=memory"}
-
-
-def summary_cell(entry, key):
-    """'images/s (× c; images per CPU-s /CPU-s)', or why the row is absent."""
-    rate, cpu_rate = entry["rate"], entry["cpu_rate"]
-    if not rate.get(key):
-        return entry["notes"].get(key, "–").split(":")[0]
-    c = rate.get("c")
-    times_c = f"{rate[key] / c:.2f}×; " if c else ""
-    return f"{rate[key]:,.0f} ({times_c}{cpu_rate[key]:,.0f}/CPU-s)"
-
-
-def print_summary(summary, args):
-    if not summary:
-        return
-    names = list(summary)
-    titles = {}
-    for entry in summary.values():
-        for key, title in entry["titles"].items():
-            titles.setdefault(key, title)
-    print(f"\n## Which input source to use ({CORES} cores, {args.image_size}x{args.image_size}, "
-          f"batch {args.batch_size}; images/s, × the file pipeline c and images per CPU-second)\n")
-    print("| input source | " + " | ".join(names) + " |")
-    print("|---|" + "---|" * len(names))
-    for key in ROWS:
-        if key not in titles and not any(key in entry["notes"] for entry in summary.values()):
-            continue
-        title = SUMMARY_TITLES.get(key, titles.get(key, FALLBACK_TITLES.get(key, key)))
-        print(f"| {key}: {title} | " + " | ".join(summary_cell(summary[name], key) for name in names) + " |")
-    print("| load average (1 min), before–after | " +
-          " | ".join(f"{summary[name]['load'][0]:.2f}–{summary[name]['load'][1]:.2f}" for name in names) + " |")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,7 +254,8 @@ def parse_args(argv=None):
     parser.add_argument("--datasets", default=",".join(data_api.DATASETS),
                         help="comma-separated dataset modules; absent ones are reported as skipped")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--image-size", type=image_sizes, default="default,224",
+                        help="comma-separated square sizes; default: each dataset's own (conf/dataset)")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of one measurement of one source")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved measurements per source (median)")
     parser.add_argument("--quiet-wait", type=float, default=10.0,

@@ -100,15 +100,31 @@ def decode_and_resize(contents, channels, size, method="resize", crop_fraction=N
     if method == "crop_or_pad":
         image = tf.image.resize_with_crop_or_pad(image, height, width)  # pads only: the crop is done
     else:
-        # antialias keeps thin structures when shrinking 1024px X-rays to a few dozen pixels; when
-        # enlarging (LFW's face crops) it changes no pixel but costs a much slower kernel.
-        shape = tf.shape(image)
-        shrinking = tf.logical_or(shape[0] > height, shape[1] > width)
-        image = tf.cond(shrinking, lambda: tf.image.resize(image, [height, width], antialias=True),
-                        lambda: tf.image.resize(image, [height, width]))
-        image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        image = resize(image, size)
     image.set_shape([height, width, channels])
     return image
+
+
+def resize(image, size):
+    """Resizes a uint8 image to `size` (height, width), antialiased when shrinking; uint8 out.
+
+    antialias keeps thin structures when shrinking 1024px X-rays to a few dozen pixels; when
+    enlarging (LFW's face crops) it changes no pixel but costs a much slower kernel. Its cost grows
+    with the input, so an image at least 4x the size is first brought to twice the size by a plain
+    bilinear resize, much cheaper. Per core, 1024px X-rays then decode and resize at 0.91 of a plain
+    decode + bilinear resize at 64x64 (0.86 without it), 0.80 at 224x224 (0.77), and differ from the
+    direct antialiased resize by 0.7 and 0.2 levels on average (tests/test_images.py bounds it at 1;
+    3x instead of 2x halves the difference but loses most of the gain).
+    """
+    height, width = size
+    shape = tf.shape(image)
+    ratio = tf.minimum(shape[0] // height, shape[1] // width)
+    image = tf.cond(ratio >= 4, lambda: tf.image.resize(image, [2 * height, 2 * width]),
+                    lambda: tf.cast(image, tf.float32))
+    shrinking = tf.logical_or(shape[0] > height, shape[1] > width)
+    image = tf.cond(shrinking, lambda: tf.image.resize(image, [height, width], antialias=True),
+                    lambda: tf.image.resize(image, [height, width]))
+    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
 
 
 @dataclass(frozen=True)

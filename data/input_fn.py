@@ -35,6 +35,8 @@ class Pipeline:
         seed: the shuffle and sampling seed.
         deterministic: keep element order in training too (evaluation always keeps it).
         tfrecord: where to read TFRecord shards, or None to read the dataset's own files.
+        verified: the image files were checked up front (pipeline.verify_images); when not, the
+            pipeline checks each file it reads and leaves out a damaged one.
     """
 
     batch_size: int
@@ -44,12 +46,14 @@ class Pipeline:
     seed: int
     deterministic: bool
     tfrecord: TFRecordSettings = None
+    verified: bool = True
 
     @classmethod
     def from_config(cls, cfg) -> "Pipeline":
         tfrecord = TFRecordSettings.from_config(cfg) if cfg.pipeline.source == "tfrecord" else None
         return cls(int(cfg.pipeline.batch_size), cfg.pipeline.cache, cfg.pipeline.shuffle_buffer,
-                   float(cfg.pipeline.shuffle_mb), int(cfg.seed), bool(cfg.deterministic), tfrecord)
+                   float(cfg.pipeline.shuffle_mb), int(cfg.seed), bool(cfg.deterministic), tfrecord,
+                   bool(cfg.pipeline.verify_images))
 
     def buffer(self, count, element_bytes) -> int:
         """A shuffle buffer for `count` elements of about `element_bytes` each: the whole split, up to shuffle_mb."""
@@ -58,9 +62,9 @@ class Pipeline:
 
 
 def pad_batch(batch_size):
-    """Pads a final short batch to `batch_size`, with weight 0 on the padding."""
+    """Pads a final short batch to `batch_size`, with weight 0 on the padding (weights default to 1)."""
 
-    def pad(features, labels):
+    def pad(features, labels, weights=None):
         size = tf.shape(labels)[0]
 
         def pad_one(tensor):
@@ -69,14 +73,16 @@ def pad_batch(batch_size):
             padded.set_shape([batch_size] + tensor.shape[1:])
             return padded
 
-        return tf.nest.map_structure(pad_one, features), pad_one(labels), pad_one(tf.ones([size]))
+        weights = tf.ones([size]) if weights is None else weights
+        return tf.nest.map_structure(pad_one, features), pad_one(labels), pad_one(weights)
 
     return pad
 
 
-def record_source(task, table, split, training, tfrecord=None):
+def record_source(task, table, split, training, tfrecord=None, verified=True):
     """The source of a split's records: sampled by the task when it draws its training records, else
-    TFRecord shards when `tfrecord` (data.tfrecords.TFRecordSettings) is given, else the table's rows."""
+    TFRecord shards when `tfrecord` (data.tfrecords.TFRecordSettings) is given, else the table's rows
+    (whose loads check each file when it was not `verified` up front)."""
     if training and task.DRAWS_TRAINING_RECORDS:
         if tfrecord is not None:
             log.info("%s draws its training examples from the image files afresh; shards serve its evaluation",
@@ -84,7 +90,7 @@ def record_source(task, table, split, training, tfrecord=None):
         return SampledRecords(task, table)
     if tfrecord is not None:
         return TFRecordRecords(task, table, split, training, tfrecord)
-    return TableRecords(task, table)
+    return TableRecords(task, table, guarded=not verified)
 
 
 def _element_bytes(element_spec) -> int:
@@ -104,7 +110,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
             training split; evaluation is not split.
         model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files.
     """
-    source = record_source(task, table, split, training, pipeline.tfrecord)
+    source = record_source(task, table, split, training, pipeline.tfrecord, pipeline.verified)
     batch_size = pipeline.batch_size
     if context is not None and context.num_input_pipelines > 1:
         # Each worker feeds its own replicas their share of the global batch, from its own examples.
@@ -125,6 +131,12 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
     # The expensive part: read, decode and resize in parallel. A load is graph ops with Python control
     # flow only on settings, so AutoGraph has nothing to convert (and converting it cost a second).
     data = data.map(tf.autograph.experimental.do_not_convert(source.load), num_parallel_calls=AUTOTUNE)
+    guarded = getattr(source, "guarded", False)
+    if training:
+        if guarded:  # a damaged file, never checked up front, loads as weight 0 (data/sources.py)
+            data = data.filter(lambda features, labels, weight: weight > 0).map(lambda *element: element[:2])
+        # A file whose two ends are whole but whose middle does not decode must not end the run either.
+        data = data.ignore_errors()
     if cached:
         # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.
         data = caching.cache(data, pipeline.cache, Path(model_dir or "."), split)

@@ -56,7 +56,7 @@ def drop_undecodable(tables, skipped) -> dict:
     log.info("Verified %d image files: %d checked now (new or changed), %d not whole", len(paths), checked, len(bad))
     for path in sorted(bad):
         skipped.add(path, f"undecodable image: {bad[path]}")
-    return {name: table[~table[path_columns(table)].isin(bad).any(axis=1)].reset_index(drop=True)
+    return {name: table[~table[path_columns(table)].isin(list(bad)).any(axis=1)].reset_index(drop=True)
             for name, table in tables.items()}
 
 

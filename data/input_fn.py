@@ -101,6 +101,17 @@ def _element_bytes(element_spec) -> int:
     return sum(spec.shape.num_elements() * spec.dtype.size for spec in tf.nest.flatten(element_spec))
 
 
+def _shuffled_records(source, data, pipeline, context):
+    """The source's records endlessly, each epoch whole and in a fresh order."""
+    if isinstance(source, TableRecords):
+        # Row numbers, each epoch one permutation: a perfect shuffle whose checkpoint is one small tensor.
+        return source.epochs(pipeline.seed, context)
+    # Shuffle records, not decoded images, so the buffer is small; repeat after shuffle, so
+    # each epoch is seen whole and reshuffled.
+    return data.shuffle(pipeline.buffer(source.count, source.record_bytes), pipeline.seed,
+                        reshuffle_each_iteration=True).repeat()
+
+
 def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
     """Builds the pipeline of one split, in DESIGN's order: source, shard, shuffle, load, cache, batch, prefetch.
 
@@ -127,14 +138,8 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
 
     # This worker's share of the cheap records (paths and labels, or serialized examples).
     data = source.records(pipeline.seed, context)
-    if training and isinstance(source, TableRecords) and not cached:
-        # Row numbers, each epoch one permutation: a perfect shuffle whose checkpoint is one small tensor.
-        data = source.epochs(pipeline.seed, context)
-    elif training and not source.endless and not cached:
-        # Shuffle records, not decoded images, so the buffer is small; repeat after shuffle, so
-        # each epoch is seen whole and reshuffled.
-        data = data.shuffle(pipeline.buffer(source.count, source.record_bytes), pipeline.seed,
-                            reshuffle_each_iteration=True).repeat()
+    if training and not source.endless and not cached:
+        data = _shuffled_records(source, data, pipeline, context)
     # The expensive part: read, decode and resize in parallel. A load is graph ops with Python control
     # flow only on settings, so AutoGraph has nothing to convert (and converting it cost a second).
     data = data.map(tf.autograph.experimental.do_not_convert(source.load), num_parallel_calls=AUTOTUNE)

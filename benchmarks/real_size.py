@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(PROJECT))
-
-from data.samples import cache_home  # noqa: E402
+# The embedded samples, as data.samples.cache_home finds them (importing data would import TensorFlow).
+SAMPLES = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "tf-harness")) / "samples"
+WNIDS = [line.split()[0] for line in (PROJECT / "data" / "imagenet_det_synsets.txt").read_text().splitlines() if line]
 
 NIH_FOLDERS = 12  # images_001 ... images_012, as Kaggle ships them
 # Small settings for the model part, so that the input's start-up is what is measured.
@@ -52,7 +52,7 @@ def link(source, target):
 
 def build_nih(root: Path, entries: int) -> None:
     """A NIH tree of `entries` rows: each PNG links to a sample PNG, each row copies that sample's row."""
-    sample = cache_home() / "samples" / "chest_xray-v2"
+    sample = SAMPLES / "chest_xray-v2"
     with open(sample / "Data_Entry_2017.csv", newline="") as f:
         header, *rows = list(csv.reader(f))
     shutil.rmtree(root, ignore_errors=True)  # a previous run changed and added files
@@ -77,14 +77,13 @@ def build_nih(root: Path, entries: int) -> None:
 
 def build_det(root: Path, images: int) -> None:
     """An ILSVRC tree of `images` DET images, each with an XML, linked to the sample's annotated images."""
-    sample = cache_home() / "samples" / "imagenet_det-v2" / "ILSVRC"
+    sample = SAMPLES / "imagenet_det-v2" / "ILSVRC"
     pairs = sorted((path, sample / "Annotations" / "DET" / path.relative_to(sample / "Data" / "DET").with_suffix(
         ".xml")) for path in (sample / "Data" / "DET").rglob("*.JPEG"))
     pairs = [(image, xml) for image, xml in pairs if xml.exists()]
     done = root / ".complete"
     if done.exists() and int(done.read_text()) == images:
         return
-    from data.imagenet_det import WNIDS
     val = images // 22  # ILSVRC 2014: 20,121 validation images beside 456,567 for training
     wnid_images = (images - val) * 88 // 100
     layout = [(f"train/ILSVRC2013_train/{WNIDS[i % len(WNIDS)]}", f"{WNIDS[i % len(WNIDS)]}_{i:08d}")

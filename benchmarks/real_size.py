@@ -16,9 +16,13 @@ load average before and after:
 - second: the same again, everything cached;
 - changed (NIH): one PNG replaced by a truncated copy, which must be the only file checked;
 - added (NIH): one PNG and its CSV row added, likewise.
+
+Then, in a process of their own, the index and verification alone (wall and CPU
+seconds) of a cold and a warm start; ``--phases-only`` measures just these.
 """
 import argparse
 import csv
+import json
 import os
 import re
 import shutil
@@ -116,7 +120,7 @@ def run(dataset, root: Path, cache: Path, run_dir: Path) -> dict:
     started = time.perf_counter()
     with open(run_dir.with_suffix(".log"), "w") as log:
         process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)  # the child's own rusage: its peak RSS
+        _, status, usage = os.wait4(process.pid, 0)  # the child's own rusage: its peak RSS and CPU time
     process.returncode = os.waitstatus_to_exitcode(status)
     output = run_dir.with_suffix(".log").read_text()
     if process.returncode:
@@ -126,7 +130,45 @@ def run(dataset, root: Path, cache: Path, run_dir: Path) -> dict:
     return {"first_step": float(total), "wall": time.perf_counter() - started,
             "laps": dict(re.fullmatch(r"(.+) ([\d.]+) s", lap).groups() for lap in laps.split(", ")),
             "checked": f"{checked.group(2)} of {checked.group(1)}" if checked else "-",
-            "rss_mb": usage.ru_maxrss / 1024, "load": f"{before} → {load_average()}"}
+            "rss_mb": usage.ru_maxrss / 1024, "cpu": usage.ru_utime + usage.ru_stime, "load": f"{before} → {load_average()}"}
+
+
+# A start's data phases alone, in a fresh process: wall and CPU seconds of the index and the verification.
+PHASES = """
+import json, sys, time
+from data import TASKS, Decode
+from data.skipped import SkipLog
+from data.tables import drop_undecodable
+name, root = sys.argv[1:3]
+options = {"validation_fraction": 0.1} if name == "chest_xray" else {}
+task = TASKS[name](Decode((32, 32), "resize"), 0, **options)
+laps, skipped = {}, SkipLog()
+for phase in ("index", "verify"):
+    wall, cpu = time.perf_counter(), time.process_time()
+    tables = task.index(root, skipped) if phase == "index" else drop_undecodable(tables, skipped)
+    laps[phase] = (time.perf_counter() - wall, time.process_time() - cpu)
+print(json.dumps(laps))
+"""
+
+
+def data_phases(dataset, root: Path, cache: Path) -> dict:
+    """{phase: (wall s, CPU s)} of the index and verification with `cache`, measured in a process of their own."""
+    env = dict(os.environ, HARNESS_CACHE=str(cache), TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run([sys.executable, "-c", PHASES, dataset, str(root)], cwd=PROJECT, env=env,
+                            capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def print_phases(tree, dataset, root: Path, folder: Path) -> None:
+    """Prints the data phases of a cold start (an empty cache) and then of a warm one (the same cache again)."""
+    cache = folder / f"cache-{tree}-phases"
+    shutil.rmtree(cache, ignore_errors=True)
+    for start in ("cold", "warm"):
+        before = load_average()
+        phases = data_phases(dataset, root, cache)
+        print(f"{tree} {start} data phases alone (load {before} → {load_average()}): "
+              + ", ".join(f"{phase} {wall:.2f} s wall, {cpu:.2f} CPU-s" for phase, (wall, cpu) in phases.items()),
+              flush=True)
 
 
 def change_one_nih_file(root: Path) -> None:
@@ -149,8 +191,8 @@ def add_one_nih_file(root: Path) -> None:
 def print_table(results) -> None:
     phases = ("imports", "index", "verify", "build", "input_fn")
     print("| tree | run | to the first step | " + " | ".join(phases) + " | first loop | files checked | peak RSS | "
-          "load (1 min) |")
-    print("|---" * (len(phases) + 8) + "|")
+          "CPU-s, whole run | load (1 min) |")
+    print("|---" * (len(phases) + 9) + "|")
     for (tree, name), result in results.items():
         laps = result["laps"]
         loop = next(seconds for phase, seconds in laps.items() if phase.startswith("first loop"))
@@ -161,7 +203,7 @@ def print_table(results) -> None:
             verdicts[what] = f" ({'≤' if seconds <= bound else '>'} {bound:.0f} s)"
         print(f"| {tree} | {name} | {result['first_step']:.1f} s{verdicts['first_step']} | "
               + " | ".join(f"{laps.get(phase, '-')} s{verdicts.get(phase, '')}" for phase in phases)
-              + f" | {loop} s | {result['checked']} | {result['rss_mb']:.0f} MB | {result['load']} |")
+              + f" | {loop} s | {result['checked']} | {result['rss_mb']:.0f} MB | {result['cpu']:.0f} | {result['load']} |")
 
 
 def main():
@@ -170,6 +212,8 @@ def main():
     parser.add_argument("--nih", type=int, default=112_120, help="NIH rows and PNGs")
     parser.add_argument("--det", type=int, default=450_000, help="DET images (each with an XML)")
     parser.add_argument("--only", choices=("nih", "det"))
+    parser.add_argument("--phases-only", action="store_true",
+                        help="on trees already built: only the data phases of a cold and a warm start")
     args = parser.parse_args()
     results = {}
     for tree, dataset, build, size in (("nih", "chest_xray", build_nih, args.nih),
@@ -177,6 +221,9 @@ def main():
         if args.only not in (None, tree):
             continue
         root, cache = args.folder / tree, args.folder / f"cache-{tree}"
+        if args.phases_only:
+            print_phases(tree, dataset, root, args.folder)
+            continue
         started = time.perf_counter()
         build(root, size)
         print(f"{tree}: {size:,} images linked in {root} ({time.perf_counter() - started:.0f} s)", flush=True)
@@ -190,7 +237,9 @@ def main():
                 change(root)
             results[tree, name] = run(dataset, root, cache, args.folder / f"run-{tree}-{name}")
             print(f"{tree} {name}: {results[tree, name]}", flush=True)
-    print_table(results)
+        print_phases(tree, dataset, root, args.folder)
+    if results:
+        print_table(results)
 
 
 if __name__ == "__main__":

@@ -143,11 +143,10 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
     # The expensive part: read, decode and resize in parallel. A load is graph ops with Python control
     # flow only on settings, so AutoGraph has nothing to convert (and converting it cost a second).
     data = data.map(tf.autograph.experimental.do_not_convert(source.load), num_parallel_calls=AUTOTUNE)
-    guarded = getattr(source, "guarded", False)
-    if training:
-        if guarded:  # a damaged file, never checked up front, loads as weight 0 (data/sources.py)
+    if training and not isinstance(source, TFRecordRecords):
+        if getattr(source, "guarded", False):  # a damaged file, never checked up front, loads as weight 0
             data = data.filter(lambda features, labels, weight: weight > 0).map(lambda *element: element[:2])
-        # A file whose two ends are whole but whose middle does not decode must not end the run either.
+        # An image file whose two ends are whole but whose middle does not decode must not end the run either.
         data = data.ignore_errors()
     if cached:
         # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.

@@ -8,8 +8,10 @@ disagree. Images may sit anywhere below the root (flat ``images/`` or Kaggle's
 ``images_001/images/`` ...).
 """
 import csv
+import hashlib
 import logging
 import os
+import pickle
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +19,9 @@ import tensorflow as tf
 from sklearn.model_selection import GroupShuffleSplit
 
 from data.errors import DatasetError
+from data.samples import cache_home
 from data.samples.chest_xray import make_sample
+from data.skipped import SkipLog
 from data.spec import DatasetSpec
 from data.task import Task
 
@@ -32,22 +36,52 @@ SPEC = DatasetSpec(name="chest_xray", task="multilabel", class_names=FINDINGS, c
 METADATA_FILES = ("Data_Entry_2017_v2020.csv", "Data_Entry_2017.csv", "sample_labels.csv")
 # Positions shared by all variants (their header names differ).
 COLUMNS = ("image", "findings", "follow_up", "patient_id", "patient_age", "patient_sex", "view_position")
+# Bump when read_metadata's output changes, so cached tables are parsed again.
+METADATA_VERSION = 1
 _AGE_UNITS = {"Y": 1.0, "M": 1 / 12, "W": 1 / 52, "D": 1 / 365}
 
 
-def find_metadata(root: Path) -> Path:
-    """Returns the metadata CSV under `root`, preferring the newest release."""
-    found = {}
-    for path in root.rglob("*.csv"):  # a metadata file sits at or near the top: no links followed
-        name = path.name
-        if name.startswith("Data_Entry_2017") or name.startswith("sample_labels"):
-            found.setdefault(name, path)
+def list_tree(root: Path):
+    """One walk of `root`: {PNG name: path}, and the metadata CSVs found by name."""
+    images, metadata = {}, {}
+    # Kaggle's images_001/ ... folders are often symlinked in from other disks.
+    for directory, _, names in os.walk(root, followlinks=True):
+        for name in names:
+            if name.endswith(".png"):
+                images.setdefault(name, os.path.join(directory, name))
+            elif name.endswith(".csv") and (name.startswith("Data_Entry_2017") or name.startswith("sample_labels")):
+                metadata.setdefault(name, Path(directory, name))
+    return images, metadata
+
+
+def find_metadata(root: Path, found: dict) -> Path:
+    """The metadata CSV among `found` ({name: path}, from `list_tree`), preferring the newest release."""
     for preferred in METADATA_FILES:
         if preferred in found:
             return found[preferred]
     if found:
         return sorted(found.values())[0]
     raise DatasetError(f"no Data_Entry_2017*.csv or sample_labels.csv under {root}")
+
+
+def cached_metadata(csv_path: Path, skipped) -> pd.DataFrame:
+    """`read_metadata`, cached by the CSV's path, size and mtime: parsing NIH's 112,120 rows takes seconds."""
+    stat = csv_path.stat()
+    key = repr((METADATA_VERSION, str(csv_path.resolve()), stat.st_size, stat.st_mtime_ns))
+    cache = cache_home() / "index" / f"chest_xray-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
+    try:
+        with open(cache, "rb") as f:
+            table, rows = pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        parsed = SkipLog()
+        table, rows = read_metadata(csv_path, parsed), parsed.rows
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        temporary = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        with open(temporary, "wb") as f:
+            pickle.dump((table, rows), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(temporary, cache)
+    skipped.extend(rows)
+    return table
 
 
 def parse_age(value) -> float:
@@ -145,14 +179,9 @@ class ChestXray(Task):
     def index(self, root, skipped) -> dict:
         """Tables of (path, label) per split; rows whose image file is absent are skipped."""
         root = Path(root)
-        csv_path = find_metadata(root)
-        table = read_metadata(csv_path, skipped)
-        files = {}
-        # Kaggle's images_001/ ... folders are often symlinked in from other disks.
-        for directory, _, names in os.walk(root, followlinks=True):
-            for name in names:
-                if name.endswith(".png"):
-                    files.setdefault(name, os.path.join(directory, name))
+        files, metadata = list_tree(root)
+        csv_path = find_metadata(root, metadata)
+        table = cached_metadata(csv_path, skipped).copy()
         table["path"] = table.image.map(files)
         missing = table.path.isna()
         for image in table.image[missing]:

@@ -21,6 +21,9 @@ from data.tfrecords.reader import TFRecordRecords
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
 _MB = 1_000_000
+# An input checkpoint saves each buffered element as an entry of its own, about 30 us apiece here:
+# 20,000 small records save in about 0.6 s.
+MAX_SHUFFLE_ELEMENTS = 20_000
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class Pipeline:
         tfrecord: where to read TFRecord shards, or None to read the dataset's own files.
         service: grpc://host:port of a tf.data service dispatcher whose workers make the training
             batches (data/service.py), or None to make them here.
+        verified: the image files were checked up front (pipeline.verify_images); when not, the
+            pipeline checks each file it reads and leaves out a damaged one.
     """
 
     batch_size: int
@@ -47,24 +52,26 @@ class Pipeline:
     deterministic: bool
     tfrecord: TFRecordSettings = None
     service: str = None
+    verified: bool = True
 
     @classmethod
     def from_config(cls, cfg) -> "Pipeline":
         tfrecord = TFRecordSettings.from_config(cfg) if cfg.pipeline.source == "tfrecord" else None
         return cls(int(cfg.pipeline.batch_size), cfg.pipeline.cache, cfg.pipeline.shuffle_buffer,
                    float(cfg.pipeline.shuffle_mb), int(cfg.seed), bool(cfg.deterministic), tfrecord,
-                   cfg.pipeline.service)
+                   cfg.pipeline.service, bool(cfg.pipeline.verify_images))
 
     def buffer(self, count, element_bytes) -> int:
-        """A shuffle buffer for `count` elements of about `element_bytes` each: the whole split, up to shuffle_mb."""
-        budget = self.shuffle_buffer or int(self.shuffle_mb * _MB // max(element_bytes, 1))
+        """A shuffle buffer for `count` elements of about `element_bytes` each: the whole split, up to shuffle_mb
+        and MAX_SHUFFLE_ELEMENTS."""
+        budget = self.shuffle_buffer or min(int(self.shuffle_mb * _MB // max(element_bytes, 1)), MAX_SHUFFLE_ELEMENTS)
         return max(1, min(count, budget))
 
 
 def pad_batch(batch_size):
-    """Pads a final short batch to `batch_size`, with weight 0 on the padding."""
+    """Pads a final short batch to `batch_size`, with weight 0 on the padding (weights default to 1)."""
 
-    def pad(features, labels):
+    def pad(features, labels, weights=None):
         size = tf.shape(labels)[0]
 
         def pad_one(tensor):
@@ -73,14 +80,16 @@ def pad_batch(batch_size):
             padded.set_shape([batch_size] + tensor.shape[1:])
             return padded
 
-        return tf.nest.map_structure(pad_one, features), pad_one(labels), pad_one(tf.ones([size]))
+        weights = tf.ones([size]) if weights is None else weights
+        return tf.nest.map_structure(pad_one, features), pad_one(labels), pad_one(weights)
 
     return pad
 
 
-def record_source(task, table, split, training, tfrecord=None):
+def record_source(task, table, split, training, tfrecord=None, verified=True):
     """The source of a split's records: sampled by the task when it draws its training records, else
-    TFRecord shards when `tfrecord` (data.tfrecords.TFRecordSettings) is given, else the table's rows."""
+    TFRecord shards when `tfrecord` (data.tfrecords.TFRecordSettings) is given, else the table's rows
+    (whose loads check each file when it was not `verified` up front)."""
     if training and task.DRAWS_TRAINING_RECORDS:
         if tfrecord is not None:
             log.info("%s draws its training examples from the image files afresh; shards serve its evaluation",
@@ -88,11 +97,22 @@ def record_source(task, table, split, training, tfrecord=None):
         return SampledRecords(task, table)
     if tfrecord is not None:
         return TFRecordRecords(task, table, split, training, tfrecord)
-    return TableRecords(task, table)
+    return TableRecords(task, table, guarded=not verified)
 
 
 def _element_bytes(element_spec) -> int:
     return sum(spec.shape.num_elements() * spec.dtype.size for spec in tf.nest.flatten(element_spec))
+
+
+def _shuffled_records(source, data, pipeline, context):
+    """The source's records endlessly, each epoch whole and in a fresh order."""
+    if isinstance(source, TableRecords):
+        # Row numbers, each epoch one permutation: a perfect shuffle whose checkpoint is one small tensor.
+        return source.epochs(pipeline.seed, context)
+    # Shuffle records, not decoded images, so the buffer is small; repeat after shuffle, so
+    # each epoch is seen whole and reshuffled.
+    return data.shuffle(pipeline.buffer(source.count, source.record_bytes), pipeline.seed,
+                        reshuffle_each_iteration=True).repeat()
 
 
 def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
@@ -108,7 +128,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
             training split; evaluation is not split.
         model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files.
     """
-    source = record_source(task, table, split, training, pipeline.tfrecord)
+    source = record_source(task, table, split, training, pipeline.tfrecord, pipeline.verified)
     batch_size = pipeline.batch_size
     if context is not None and context.num_input_pipelines > 1:
         # Each worker feeds its own replicas their share of the global batch, from its own examples.
@@ -122,13 +142,15 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
     # This worker's share of the cheap records (paths and labels, or serialized examples).
     data = source.records(pipeline.seed, context)
     if training and not source.endless and not cached:
-        # Shuffle records, not decoded images, so the buffer is small; repeat after shuffle, so
-        # each epoch is seen whole and reshuffled.
-        data = data.shuffle(pipeline.buffer(source.count, source.record_bytes), pipeline.seed,
-                            reshuffle_each_iteration=True).repeat()
+        data = _shuffled_records(source, data, pipeline, context)
     # The expensive part: read, decode and resize in parallel. A load is graph ops with Python control
     # flow only on settings, so AutoGraph has nothing to convert (and converting it cost a second).
     data = data.map(tf.autograph.experimental.do_not_convert(source.load), num_parallel_calls=AUTOTUNE)
+    if training and not isinstance(source, TFRecordRecords):
+        if getattr(source, "guarded", False):  # a damaged file, never checked up front, loads as weight 0
+            data = data.filter(lambda features, labels, weight: weight > 0).map(lambda *element: element[:2])
+        # An image file whose two ends are whole but whose middle does not decode must not end the run either.
+        data = data.ignore_errors(log_warning=True)  # logged, never silent
     if cached:
         # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.
         data = caching.cache(data, pipeline.cache, Path(model_dir or "."), split)

@@ -79,7 +79,7 @@ def run(cfg):
     tables = task.index(dataset_root(task, cfg.dataset.root), skipped)
     clock.lap("index")
     if cfg.pipeline.verify_images:
-        tables = drop_undecodable(tables, task, skipped)
+        tables = drop_undecodable(tables, skipped)
         clock.lap("verify")
     check_skipped(tables, skipped, cfg.dataset.max_skipped_fraction)
     # Under multi_worker only the chief writes the run directory's files; the others would clash.
@@ -278,8 +278,9 @@ class Estimator:
                  values["loss"], values["examples_per_sec"], values["input_wait_fraction"],
                  _duration(loops.seconds / loops.steps * max(target - step, 0)))
 
-    def _outputs(self, data, steps=None):
-        """Logits and summed loss over `data`, padding removed, in table order."""
+    def _outputs(self, data, rows, steps=None):
+        """Logits of the first rows of a `rows`-row split, in table order and padding removed; the summed loss;
+        and which of those rows count (weight > 0: a damaged file that was not checked up front has 0)."""
         logits, weights, total_loss = [], [], 0.0
         batches = data.take(steps) if steps else data
         total = int(batches.cardinality())  # negative when unknown
@@ -289,8 +290,8 @@ class Estimator:
             total_loss += float(loss)
             logits.append(batch_logits.numpy())
             weights.append(batch_weights.numpy())
-        weights = np.concatenate(weights) > 0
-        return np.concatenate(logits)[weights], total_loss, int(weights.sum())
+        seen = min(rows, len(logits) * self.cfg.pipeline.batch_size)  # padding only ever ends the last batch
+        return np.concatenate(logits)[:seen], total_loss, np.concatenate(weights)[:seen] > 0
 
     @_logs_above_the_bar
     def evaluate(self, restore=False):
@@ -299,8 +300,9 @@ class Estimator:
             self._restore_model()
         step = self.trainer.step
         table = self.tables[self.eval_split]
-        logits, total_loss, count = self._outputs(self.eval_data, self.cfg.trainer.eval_steps)
-        labels = np.asarray(table.label.tolist()[:count])
+        logits, total_loss, counted = self._outputs(self.eval_data, len(table), self.cfg.trainer.eval_steps)
+        logits, count = logits[counted], int(counted.sum())
+        labels = np.asarray(table.label.tolist()[:len(counted)])[counted]
         values = {"loss": total_loss / max(count, 1),
                   **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
         if count == len(table):
@@ -322,10 +324,12 @@ class Estimator:
         self._restore_model()
         split = "test" if "test" in self.tables else self.eval_split
         table = self.tables[split]
-        logits, _, _ = self._outputs(self._input_fn(split, training=False))  # every worker takes part: the steps are collective
+        # Every worker takes part: the steps are collective.
+        logits, _, counted = self._outputs(self._input_fn(split, training=False), len(table))
         if not self.chief:
             return
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
+        scores[~counted] = np.nan  # damaged files that were not checked up front have no prediction
         columns = [table[path_columns(table)].reset_index(drop=True),
                    pd.DataFrame(scores, columns=list(self.spec.class_names))]
         if "label" in table:

@@ -155,3 +155,20 @@ def test_too_many_skipped_examples_stop_the_run_with_one_clear_line(real_tree):
         tables_of(compose("dataset=chest_xray", f"dataset.root={real_tree}"))
     tables = tables_of(compose("dataset=chest_xray", f"dataset.root={real_tree}", "dataset.max_skipped_fraction=0.6"))
     assert sum(len(table) for table in tables.values()) == 24
+
+
+def test_the_parsed_metadata_is_reused_until_the_csv_changes(real_tree, monkeypatch):
+    """Parsing NIH's 112,120 rows takes seconds: a warm start reuses the parsed table, skipped rows included."""
+    calls = []
+    parse = chest_xray.read_metadata
+    monkeypatch.setattr(chest_xray, "read_metadata", lambda *args: calls.append(args) or parse(*args))
+    task = task_of(compose("dataset=chest_xray"))
+    first_skipped, second_skipped = SkipLog(), SkipLog()
+    first = task.index(real_tree, first_skipped)
+    second = task.index(real_tree, second_skipped)
+    assert len(calls) == 1
+    assert all(first[split].equals(second[split]) for split in first) and second_skipped.rows == first_skipped.rows
+    csv_path = real_tree / "Data_Entry_2017.csv"
+    csv_path.write_text(csv_path.read_text() + "00000001_000.png,Hernia,9,1,58,M,PA,1,1,1,1,\n")
+    task.index(real_tree, SkipLog())
+    assert len(calls) == 2

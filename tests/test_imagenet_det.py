@@ -201,15 +201,24 @@ def test_an_unchanged_tree_reuses_the_cached_index(tmp_path, monkeypatch):
     assert second_skipped.rows == first_skipped.rows and len(second_skipped) == 1
 
 
-@pytest.mark.parametrize("change", ["rewrite_xml", "add_image", "remove_xml"])
+@pytest.mark.parametrize("change", ["replace_xml", "rewrite_xml_and_touch_folder", "add_image", "remove_xml"])
 def test_a_changed_tree_is_indexed_again(tmp_path, monkeypatch, change):
+    """A warm start compares folder mtimes only: replacing, adding or removing a file changes its folder's; a file
+    rewritten in place does not, and is picked up once its folder is touched."""
     root = make_tree(tmp_path / "tree", {"ILSVRC2014_train_0000/a": xml(100, 80, [(APPLE, 0, 0, 50, 50)])})
     calls = counting_parses(monkeypatch)
     assert labels_of(root)["a"] == label(APPLE)
     xml_path = root / "ILSVRC" / "Annotations" / "DET" / "train" / "ILSVRC2014_train_0000" / "a.xml"
-    if change == "rewrite_xml":
+    if change == "replace_xml":
+        replacement = xml_path.with_suffix(".new")
+        replacement.write_text(xml(100, 80, [(AIRPLANE, 0, 0, 50, 50)]))
+        os.replace(replacement, xml_path)
+        os.utime(xml_path.parent, ns=(1, 1))  # a different mtime even on coarse-grained file systems
+    elif change == "rewrite_xml_and_touch_folder":
         xml_path.write_text(xml(100, 80, [(AIRPLANE, 0, 0, 50, 50)]))
-        os.utime(xml_path, ns=(1, 1))  # a different mtime even on coarse-grained file systems
+        os.utime(xml_path, ns=(1, 1))
+        assert labels_of(root)["a"] == label(APPLE), "an in-place rewrite was noticed without a folder change"
+        os.utime(xml_path.parent, ns=(2, 2))
     elif change == "add_image":
         write_image(root / "ILSVRC" / "Data" / "DET" / "train" / "ILSVRC2013_train_extra0" / "n.JPEG")
     else:
@@ -217,7 +226,7 @@ def test_a_changed_tree_is_indexed_again(tmp_path, monkeypatch, change):
     parsed_before = len(calls)
     labels = labels_of(root)
     assert len(calls) > parsed_before or change == "remove_xml"
-    expected = {"rewrite_xml": label(AIRPLANE), "add_image": label(APPLE), "remove_xml": imagenet_det.BACKGROUND}
+    expected = {"replace_xml": label(AIRPLANE), "rewrite_xml_and_touch_folder": label(AIRPLANE), "add_image": label(APPLE), "remove_xml": imagenet_det.BACKGROUND}
     assert labels["a"] == expected[change]
     assert ("n" in labels) == (change == "add_image")
 

@@ -218,7 +218,8 @@ def test_reader_gives_what_the_file_pipeline_gives(converted, dataset, encoding)
     cfg, manifest, tables = converted(dataset, encoding)
     task = task_of(cfg)
     for split in manifest["splits"]:
-        files = TableRecords(task, tables[split]).records(seed=0).map(task.load)
+        source = TableRecords(task, tables[split])
+        files = source.records(seed=0).map(source.load)
         shards = read_shards(cfg, split, False, 0, tables[split])
         assert shards.element_spec == files.element_spec
         if split == "validation":
@@ -386,5 +387,6 @@ def test_an_independent_tfrecord_reader_agrees(converted, encoding, tmp_path):
     for k, image in enumerate(report["images"]):
         assert image["shape"] == [32, 32, 1]
         table = next(t for t in tables.values() if image["filename"] in set(t.path))
-        record = TableRecords(task, table[table.path == image["filename"]]).records(seed=0).get_single_element()
-        np.testing.assert_array_equal(np.load(tmp_path / f"{k}.npy"), task.load(record)[0].numpy())
+        source = TableRecords(task, table[table.path == image["filename"]])
+        pixels = source.load(source.records(seed=0).get_single_element())[0]
+        np.testing.assert_array_equal(np.load(tmp_path / f"{k}.npy"), pixels.numpy())

@@ -77,9 +77,9 @@ def _stored_images(task, encoding, rows):
             yield i, [_encoded_image(rows[column].iloc[i]) for column in columns]
         return
     # raw: the task's own load, so shards hold exactly the pixels the file pipeline makes.
-    data = TableRecords(task, rows).records(seed=0).enumerate()
-    data = data.map(lambda i, record: (i, task.load(record)[0]), num_parallel_calls=tf.data.AUTOTUNE,
-                    deterministic=True)
+    source = TableRecords(task, rows)
+    data = source.records(seed=0).map(lambda i: (i, source.load(i)[0]), num_parallel_calls=tf.data.AUTOTUNE,
+                                      deterministic=True)
     for i, pixels in data.ignore_errors().as_numpy_iterator():  # a row whose load fails is left out
         yield i, [(image.tobytes(), "raw", *image.shape) for image in (pixels if isinstance(pixels, tuple)
                                                                          else (pixels,))]

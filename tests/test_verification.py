@@ -1,0 +1,128 @@
+"""Image files checked at both ends, once per file, and damaged files kept out of runs that did not check them."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data.skipped import SkipLog
+from data.verification import check_files, is_whole, problem
+from tests.conftest import compose, make_input, run_cli, tables_of
+
+DAMAGED = ("00000001_001.png", "00000003_001.png")  # truncated, garbage
+
+
+def damaged_copies(tmp_path, real):
+    """Real NIH PNGs and LFW JPEGs, and damaged copies of them: {name: (path, whole)}."""
+    png = next((real / "nih" / "images").glob("*.png")).read_bytes()
+    jpeg = (real / "lfw" / "Anthony_Hopkins_0001.jpg").read_bytes()
+    files = {"png": (png, True), "jpeg": (jpeg, True), "png_cut": (png[:len(png) // 2], False),
+             "png_no_iend": (png[:-12], False), "jpeg_cut": (jpeg[:len(jpeg) * 2 // 3], False),
+             "garbage": (os.urandom(5000), False), "empty": (b"", False), "text": (b"not an image\n", False),
+             "png_bad_ihdr": (png[:16] + b"\0" * 8 + png[24:], False)}
+    paths = {}
+    for name, (content, whole) in files.items():
+        (tmp_path / name).write_bytes(content)
+        paths[name] = (tmp_path / name, whole)
+    return paths
+
+
+def test_the_check_tells_whole_real_images_from_damaged_copies(tmp_path, real):
+    for name, (path, whole) in damaged_copies(tmp_path, real).items():
+        assert (problem(path) is None) == whole, (name, problem(path))
+    assert problem(tmp_path / "absent").startswith("unreadable file")
+    assert all(problem(path) is None for path in (real / "nih" / "images").glob("*.png"))
+    assert all(problem(path) is None for path in (real / "lfw").glob("*.jpg"))
+
+
+def test_the_graph_check_agrees_with_the_python_check_and_tf_fails_on_what_both_reject(tmp_path, real):
+    for name, (path, whole) in damaged_copies(tmp_path, real).items():
+        contents = tf.io.read_file(str(path))
+        assert bool(is_whole(contents)) == whole, name
+        if not whole and name != "png_no_iend":
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                tf.io.decode_image(contents, channels=1).numpy()
+
+
+def test_only_new_or_changed_files_are_read_again(tmp_path, real):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for png in sorted((real / "nih" / "images").glob("*.png"))[:6]:
+        shutil.copy(png, folder / png.name)
+    paths = sorted(str(path) for path in folder.iterdir())
+    assert check_files(paths) == ({}, 6)
+    assert check_files(paths) == ({}, 0)
+    changed = folder / os.path.basename(paths[2])
+    changed.write_bytes(changed.read_bytes()[:1000])  # truncated in place
+    os.utime(changed, ns=(1, 1))
+    assert check_files(paths) == ({str(changed): "truncated PNG (no IEND chunk at the end)"}, 1)
+    added = folder / "new.png"
+    added.write_bytes(b"garbage")
+    bad, checked = check_files(paths + [str(added)])
+    assert checked == 1 and bad == {str(changed): "truncated PNG (no IEND chunk at the end)",
+                                    str(added): "not a PNG, JPEG, GIF or BMP file"}
+
+
+@pytest.fixture
+def damaged_tree(tmp_path, real):
+    """A chest tree of the real PNGs, one truncated and one replaced by garbage, with their 24 CSV rows."""
+    root = tmp_path / "nih"
+    (root / "images").mkdir(parents=True)
+    for png in (real / "nih" / "images").glob("*.png"):
+        shutil.copy(png, root / "images" / png.name)
+    truncated = root / "images" / DAMAGED[0]
+    truncated.write_bytes(truncated.read_bytes()[:30_000])
+    (root / "images" / DAMAGED[1]).write_bytes(os.urandom(30_000))
+    lines = (real / "nih" / "Data_Entry_2017_head.csv").read_text().splitlines()
+    present = {png.name for png in (root / "images").iterdir()}
+    (root / "Data_Entry_2017.csv").write_text("\n".join(lines[:1] + [line for line in lines[1:]
+                                                                      if line.split(",")[0] in present]) + "\n")
+    return root
+
+
+def test_verified_runs_list_damaged_files_in_skipped_with_their_reason(damaged_tree):
+    skipped = SkipLog()
+    cfg = compose("dataset=chest_xray", f"dataset.root={damaged_tree}", "dataset.max_skipped_fraction=0.2")
+    tables = tables_of(cfg, skipped)
+    assert sum(len(table) for table in tables.values()) == 22
+    assert sorted((os.path.basename(path), reason) for path, reason in skipped.rows) == [
+        (DAMAGED[0], "undecodable image: truncated PNG (no IEND chunk at the end)"),
+        (DAMAGED[1], "undecodable image: not a PNG, JPEG, GIF or BMP file")]
+
+
+def test_unverified_pipelines_leave_damaged_files_out_and_keep_evaluation_in_order(damaged_tree):
+    """pipeline.verify_images=false: training never sees the damaged files and runs on for epochs; evaluation keeps
+    every row in table order, the damaged ones with weight 0."""
+    cfg = compose("dataset=chest_xray", f"dataset.root={damaged_tree}", "pipeline.verify_images=false",
+                  "pipeline.image_size=16", "pipeline.batch_size=4", "dataset.validation_fraction=0.5")
+    tables = tables_of(cfg)
+    assert sum(len(table) for table in tables.values()) == 24
+    for split in ("train", "validation"):
+        table = tables[split]
+        data = make_input(cfg, table, training=False, split=split)
+        weights = np.concatenate([batch_weights for _, _, batch_weights in data.as_numpy_iterator()])[:len(table)]
+        damaged = table.path.map(os.path.basename).isin(DAMAGED).to_numpy()
+        np.testing.assert_array_equal(weights, (~damaged).astype(np.float32))
+    train = tables["train"]
+    whole = int((~train.path.map(os.path.basename).isin(DAMAGED)).sum())
+    data = make_input(cfg, train, training=True, split="train")
+    batches = list(data.take(3 * len(train) // 4).as_numpy_iterator())  # about three epochs, no error
+    labels = np.concatenate([batch_labels for _, batch_labels, _ in batches])
+    assert len(labels) == len(batches) * 4
+    images = {image.tobytes() for batch, _, _ in batches for image in batch}
+    assert len(images) <= whole and not any(image.max() == 0 for batch, _, _ in batches for image in batch)
+
+
+@pytest.mark.slow
+def test_an_unverified_run_with_damaged_files_trains_and_evaluates_to_the_end(damaged_tree, tmp_path):
+    overrides = ("dataset=chest_xray", f"dataset.root={damaged_tree}", "pipeline.verify_images=false",
+                 "dataset.validation_fraction=0.5")
+    run_dir = tmp_path / "run"
+    result = run_cli(*overrides, "model=resnet_v2_50", "pipeline.image_size=32", "pipeline.batch_size=4",
+                     "trainer.train_steps=8", "trainer.eval_every=4", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    validation = tables_of(compose(*overrides))["validation"]
+    whole = int((~validation.path.map(os.path.basename).isin(DAMAGED)).sum())
+    assert json.loads((run_dir / "metrics.json").read_text())["examples"] == whole < len(validation)

@@ -106,8 +106,10 @@ def _element_bytes(element_spec) -> int:
 
 def _shuffled_records(source, data, pipeline, context):
     """The source's records endlessly, each epoch whole and in a fresh order."""
-    if isinstance(source, TableRecords):
+    if isinstance(source, TableRecords) and not pipeline.service:
         # Row numbers, each epoch one permutation: a perfect shuffle whose checkpoint is one small tensor.
+        # Not under a tf.data service: its distributed_epoch mode splits the rows between workers, and would
+        # hand each worker a whole epoch of permutations instead (a service-fed iterator is never saved).
         return source.epochs(pipeline.seed, context)
     # Shuffle records, not decoded images, so the buffer is small; repeat after shuffle, so
     # each epoch is seen whole and reshuffled.

@@ -47,10 +47,11 @@ def deferred():
         yield
     finally:
         _deferring = outer
-    if not outer and _pending:
-        signum = _pending[0]
-        _pending.clear()
-        raise Interrupted(signum)
+        held = [] if outer else _pending[:]
+        if not outer:
+            _pending.clear()  # a block that failed otherwise leaves no stale signal for the next one
+    if held:
+        raise Interrupted(held[0])
 
 
 def install() -> None:

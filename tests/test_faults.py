@@ -56,13 +56,13 @@ def test_an_evaluation_never_recorded_is_redone_on_resume(tmp_path):
     first = run_cli(*TINY, "mode=train", "trainer.train_steps=3", f"hydra.run.dir={tmp_path}")
     assert first.returncode == 0, first.stderr[-3000:]
     assert not (tmp_path / "metrics.json").exists()
-    resumed = run_cli(*TINY, "trainer.train_steps=6", f"hydra.run.dir={tmp_path}")
+    resumed = run_cli(*TINY, "mode=train_and_evaluate", "trainer.train_steps=6", f"hydra.run.dir={tmp_path}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Redoing the evaluation at global step 3" in resumed.stdout
     accumulator, _ = event_tags(tmp_path / "validation")
     assert [event.step for event in accumulator.Tensors("loss")] == [3, 6]
     # Re-running the finished run trains and evaluates nothing more.
-    again = run_cli(*TINY, "trainer.train_steps=6", f"hydra.run.dir={tmp_path}")
+    again = run_cli(*TINY, "mode=train_and_evaluate", "trainer.train_steps=6", f"hydra.run.dir={tmp_path}")
     assert again.returncode == 0, again.stderr[-3000:]
     accumulator, _ = event_tags(tmp_path / "validation")
     assert [event.step for event in accumulator.Tensors("loss")] == [3, 6]

@@ -26,11 +26,13 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from experiments import interrupts, run_directory, schema, startup  # noqa: E402
+from experiments import interrupts, os_errors, run_directory, schema, startup  # noqa: E402
 
 log = logging.getLogger(__name__)
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
 logging.getLogger("absl").setLevel(logging.WARNING)  # e.g. 'Sharding callback duration' at every checkpoint
+# On a full disk run.log cannot be written either: without this, each log line would print a traceback.
+logging.raiseExceptions = False
 # A short random id in run directory names keeps runs started in the same second apart.
 OmegaConf.register_new_resolver("run_id", lambda: uuid.uuid4().hex[:6], use_cache=True)
 # hydra.output_subdir: .hydra for a new run, .hydra/reentry-<time> when re-entering a recorded one.
@@ -113,22 +115,29 @@ def guarded(task, cfg) -> Outcome:
     startup.import_tensorflow_quietly()
     # The data package and the trainer import TensorFlow; the config has passed by now.
     from data.errors import ConfigError, DatasetError
+    from experiments.checkpoints import UnrestorableError
     from experiments.trainer import NonFiniteLossError
 
     try:
         metric = task(cfg)
     except ConfigError as error:
         return _failed(f"config error: {_one_line(error)}", 2)
-    except (DatasetError, NonFiniteLossError) as error:
+    except (DatasetError, NonFiniteLossError, UnrestorableError) as error:
         return _failed(f"error: {_one_line(error)}", 1)
+    except Exception as error:
+        line = os_errors.describe(error)  # a full disk, a read-only folder, a path too long
+        if line is None:
+            raise
+        return _failed(f"error: {line}", 1)
     return Outcome(metric)
 
 
 def exit_code(main) -> int:
     """Runs a Hydra main function and returns the documented exit status."""
-    # Re-entering a recorded run directory composes its own dataset, model and experiment.
-    sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])
+    interrupts.install()  # from here on, a signal at any instant exits 130/143 (the runner saves first)
     try:
+        # Re-entering a recorded run directory composes its own dataset, model and experiment.
+        sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])
         main()
     except (HydraException, OmegaConfBaseException) as error:
         _report(error, "config error", 2)
@@ -138,7 +147,12 @@ def exit_code(main) -> int:
         print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)
         _to_run_log(f"interrupted{f' by {error}' if str(error) else ''}", f"exit status {status}")
         return status
-    except Exception as error:  # a bug: Python prints the traceback; run.log still says what happened
+    except Exception as error:
+        line = os_errors.describe(error)  # Hydra's own writes: the run directory, .hydra/, run.log
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr)
+            return 1
+        # A bug: Python prints the traceback; run.log still says what happened.
         _to_run_log(f"error: {type(error).__name__}: {_one_line(error)}", "exit status 1")
         raise
     return _status

@@ -4,8 +4,13 @@ Every layer may import this module (it needs nothing but the standard library), 
 the code that saves a checkpoint on an interrupt and the command line that maps it
 to an exit status agree on one exception.
 """
+import contextlib
 import signal
 import threading
+
+# Signals that came while a deferred() block ran; raised when it ends.
+_pending = []
+_deferring = False
 
 
 class Interrupted(KeyboardInterrupt):
@@ -19,8 +24,34 @@ class Interrupted(KeyboardInterrupt):
 
 
 def raise_interrupt(signum, frame):
-    """A signal handler: stops whatever the main thread is doing with Interrupted."""
+    """A signal handler: stops whatever the main thread is doing with Interrupted, or, inside a
+    deferred() block, when that block ends."""
+    if _deferring:
+        _pending.append(signum)
+        return
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def deferred():
+    """Runs the block whole: SIGINT or SIGTERM arriving inside it is raised as Interrupted once it ends.
+
+    For work whose parts must land together (a train loop, its summary and its checkpoint; an
+    evaluation's summary and metrics.json). Nested blocks raise at the outermost one's end; a block that
+    fails otherwise keeps its own exception.
+    """
+    global _deferring
+    outer = _deferring
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = outer
+        held = [] if outer else _pending[:]
+        if not outer:
+            _pending.clear()  # a block that failed otherwise leaves no stale signal for the next one
+    if held:
+        raise Interrupted(held[0])
 
 
 def install() -> None:

@@ -23,9 +23,9 @@ from data.errors import ConfigError
 from data.input_fn import Pipeline, input_fn
 from data.skipped import SkipLog
 from data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
-from experiments import interrupts, leftovers, metrics, review, run_directory, run_lock, strategies
+from experiments import checkpoints, interrupts, leftovers, metrics, review, run_directory, run_lock, strategies
 from experiments.startup import StartupClock
-from experiments.summaries import Summaries, write_metrics
+from experiments.summaries import Summaries, evaluated_step, write_metrics
 from experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
 
 log = logging.getLogger(__name__)
@@ -136,8 +136,9 @@ class Estimator:
             shutil.rmtree(self.save_dir, ignore_errors=True)
 
     def _latest_checkpoint(self):
-        """The newest checkpoint in the run directory (the chief's, for every worker); None when none."""
-        return tf.train.latest_checkpoint(str(self.checkpoint_dir))
+        """The newest checkpoint in the run directory (the chief's, for every worker) whose tensors are all
+        finite (experiments/checkpoints.py); None when none."""
+        return checkpoints.newest_finite(self.checkpoint_dir)
 
     def _restore_model(self):
         latest = self._latest_checkpoint()
@@ -195,7 +196,8 @@ class Estimator:
         cfg, trainer = self.cfg, self.trainer
         iterator, manager = self._resume_training()
         self.clock.lap("input_fn")
-        step, target = trainer.step, cfg.trainer.train_steps
+        start = step = trainer.step
+        target = cfg.trainer.train_steps
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
         elif self.summaries.enabled:
@@ -208,22 +210,18 @@ class Estimator:
         window = []
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
         try:
+            if evaluate and 0 < step < target and step % cfg.trainer.eval_every == 0 and not self._evaluated(step):
+                log.info("Redoing the evaluation at global step %d, which was interrupted", step)
+                self.evaluate()
             while step < target:
                 profiler.update(step)
                 length = profiler.loop_length(step, loop_length(step, trainer.steps_per_loop, target, intervals))
-                with profiler.step(step):
-                    loop = trainer.train_loop(iterator, length)
-                self.clock.first_step(loop.steps)
-                window.append(loop)
-                step = trainer.step
-                self._check_finite(loop, step)
-                progress.update(loop.steps)
-                progress.set_postfix(loss=f"{loop.loss:.4f}",
-                                     examples_per_sec=f"{cfg.pipeline.batch_size * loop.steps / loop.seconds:.0f}")
-                if step % cfg.trainer.log_every == 0 or step == target:
-                    self._log_train(window, step)
-                if step % cfg.trainer.checkpoint_every == 0 or step == target:
-                    self._save_finite(manager, step)
+                # A signal waits for the loop's end (experiments/interrupts.py): the loop, its summary and its
+                # checkpoint are one unit, so no step is trained without its summary or saved half-logged.
+                with interrupts.deferred():
+                    with profiler.step(step):
+                        loop = trainer.train_loop(iterator, length)
+                    step = self._after_loop(loop, window, manager, progress)
                 if evaluate and step % cfg.trainer.eval_every == 0 and step < target:
                     self.evaluate()
         except KeyboardInterrupt:
@@ -233,14 +231,37 @@ class Estimator:
             step = trainer.step
             if step > 0:
                 self._log_train(window, step)
-                self._save_finite(manager, step)
+                if manager.latest_checkpoint != self._checkpoint_path(step):
+                    self._save_finite(manager, step)
                 log.warning("Interrupted at global step %d; saved a checkpoint to resume from", step)
             raise
         finally:
             profiler.close()
             progress.close()
-        if evaluate:
+        if evaluate and (step > start or not self._evaluated(step)):  # done already if interrupted after it
             self.evaluate()
+
+    def _after_loop(self, loop, window, manager, progress):
+        """Logs, checks and saves what a train loop did; returns the global step it reached."""
+        cfg, step = self.cfg, self.trainer.step
+        self.clock.first_step(loop.steps)
+        window.append(loop)
+        self._check_finite(loop, step)
+        progress.update(loop.steps)
+        progress.set_postfix(loss=f"{loop.loss:.4f}",
+                             examples_per_sec=f"{cfg.pipeline.batch_size * loop.steps / loop.seconds:.0f}")
+        if step % cfg.trainer.log_every == 0 or step == cfg.trainer.train_steps:
+            self._log_train(window, step)
+        if step % cfg.trainer.checkpoint_every == 0 or step == cfg.trainer.train_steps:
+            self._save_finite(manager, step)
+        return step
+
+    def _checkpoint_path(self, step):
+        return str(self.save_dir / f"ckpt-{step}")
+
+    def _evaluated(self, step):
+        """Whether metrics.json holds an evaluation at `step`, so an interrupted one is redone and a done one not."""
+        return evaluated_step(self.model_dir) == step
 
     def _check_finite(self, loop, step):
         if loop.nonfinite:
@@ -307,10 +328,11 @@ class Estimator:
                   **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
         if count == len(table):
             values.update(self.task.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
-        self.summaries.scalars("validation", values, step)
-        self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
-        if self.chief:
-            write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
+        with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
+            self.summaries.scalars("validation", values, step)
+            self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
+            if self.chief:
+                write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
         self.last_values = values
         headline = metrics.headline(self.spec.task)
         log.info("Evaluation at global step %d on %d examples: loss %.4f, %s %.4f", step, count, values["loss"],

@@ -51,6 +51,15 @@ class Summaries:
             hparams_api.hparams(values, trial_id=os.path.abspath(self.model_dir))
 
 
+def evaluated_step(model_dir):
+    """The global step of the evaluation metrics.json holds; None when there is none yet."""
+    try:
+        with open(os.path.join(model_dir, "metrics.json")) as f:
+            return json.load(f).get("global_step")
+    except (OSError, ValueError):
+        return None
+
+
 def write_metrics(model_dir, values: dict):
     """Writes metrics.json atomically, so a reader never sees half a file."""
     path = os.path.join(model_dir, "metrics.json")

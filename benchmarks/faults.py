@@ -1,0 +1,252 @@
+#!/usr/bin/env python
+"""Fault trials: a run stopped at a random instant, then resumed, must end as if never stopped.
+
+    python benchmarks/faults.py [--datasets lfw_pairs,chest_xray,imagenet_det] [--trials 20]
+                                [--faults SIGTERM,SIGINT,SIGKILL] [--seed 0] [--work DIR]
+
+For each dataset a small deterministic run is made once without a fault (the reference), noting
+when each line of its output came. Each trial starts the same run in a fresh run directory and
+sends the fault's signal at a seeded random instant, drawn so that it follows the run's own pace
+under any machine load: a random one of the reference's output lines (or the process start) is
+chosen, and the signal goes a random share of the reference's gap to the next line after the trial
+prints that line. With one line per step, evaluation and checkpoint, every phase is hit: start-up,
+indexing, tracing, steps, saves, evaluations and the exit. It then re-runs the same command into
+the directory until it exits 0 and checks:
+- the exit status: 128 + the signal (130 SIGINT, 143 SIGTERM; -N when the signal came while Python
+  had no handler installed, at start-up or during its exit; -9 for SIGKILL), or 0 when the run had
+  finished first;
+- the final checkpoint's tensors (weights, optimizer slots, random state, global step) equal the
+  reference's bit for bit;
+- the train and validation `loss` summaries, read with TensorBoard's EventAccumulator, equal the
+  reference's: one per step, same value, so a step logged twice or never counts as a failure, and a
+  missing validation step means an interrupted evaluation was not redone. A SIGKILL leaves the
+  steps logged after its last checkpoint to be trained and logged again on resume (TensorBoard
+  shows both events; TF2's writers leave it no mark to purge the orphans by), so there the last
+  event of each step must equal the reference's.
+Prints k/n per dataset and fault, and the reason of each failed trial.
+"""
+import argparse
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTS = ("SIGTERM", "SIGINT", "SIGKILL")
+STEPS = 12
+# Small deterministic runs, one per dataset; the models are narrowed so a trial takes seconds of training.
+COMMON = ("deterministic=true", "pipeline.batch_size=4", f"trainer.train_steps={STEPS}", "trainer.log_every=1",
+          "trainer.checkpoint_every=4", "trainer.eval_every=6", "trainer.eval_steps=2", "trainer.keep_checkpoints=2")
+SMALL_ALEXNET = ("model.filters=[8,16,16,16,16]", "model.dense_units=32")  # dropout 0.5 kept
+DATASETS = {
+    "lfw_pairs": ("dataset=lfw_pairs", "pipeline.image_size=32", "model.widths=[8,16]", "model.embedding_size=16",
+                  "model.head_units=8"),
+    "chest_xray": ("dataset=chest_xray", "model=semi_alexnet", "pipeline.image_size=64", *SMALL_ALEXNET),
+    "imagenet_det": ("dataset=imagenet_det", "pipeline.image_size=64", *SMALL_ALEXNET),
+}
+
+
+def command(dataset, run_dir):
+    return [sys.executable, "run.py", *DATASETS[dataset], *COMMON, f"hydra.run.dir={run_dir}"]
+
+
+def start(dataset, run_dir):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(command(dataset, run_dir), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+
+
+def reference(dataset, work):
+    """Runs `dataset` once without a fault; returns (run dir, anchors): each anchor is (output lines so far,
+    seconds since the start), from the process start to its exit. Lines that come together (the config's
+    many lines) make one anchor, so no moment weighs more for its line count."""
+    run_dir = work / dataset / "reference"
+    started = time.perf_counter()
+    process = start(dataset, run_dir)
+    lines, anchors = [], [(0, 0.0)]
+    for line in process.stdout:
+        lines.append(line)
+        now = time.perf_counter() - started
+        if now - anchors[-1][1] < 0.02:
+            anchors[-1] = (len(lines), anchors[-1][1])
+        else:
+            anchors.append((len(lines), now))
+    if process.wait() != 0:
+        raise SystemExit(f"the {dataset} reference run failed:\n{''.join(lines[-30:])}")
+    anchors.append((len(lines), time.perf_counter() - started))
+    return run_dir, anchors
+
+
+def instant(rng, anchors):
+    """A random instant: (the number of output lines to wait for, then the seconds to wait after it)."""
+    number = rng.randrange(len(anchors) - 1)
+    (lines, at), (_, until) = anchors[number], anchors[number + 1]
+    return lines, rng.uniform(0, until - at)
+
+
+def interrupt(dataset, run_dir, fault, anchor, delay):
+    """Starts the run; once it has printed `anchor` lines, waits `delay` seconds and sends `fault` unless it has
+    ended. Returns (exit status, output)."""
+    process = start(dataset, run_dir)
+    output, reached = [], threading.Event()
+
+    def read():
+        for line in process.stdout:
+            output.append(line)
+            if len(output) >= anchor:
+                reached.set()
+        reached.set()  # the process ended first
+
+    reader = threading.Thread(target=read, daemon=True)
+    if anchor == 0:
+        reached.set()
+    reader.start()
+    reached.wait(timeout=900)
+    try:
+        process.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        process.send_signal(getattr(signal, fault))
+    status = process.wait(timeout=600)
+    reader.join(timeout=10)
+    return status, "".join(output)
+
+
+def expected_statuses(fault):
+    signum = getattr(signal, fault)
+    return {0, -signum} if fault == "SIGKILL" else {0, 128 + signum, -signum}
+
+
+def resume(dataset, run_dir, tries=2):
+    """Re-runs the command into `run_dir` until it exits 0; returns None or what went wrong."""
+    for _ in range(tries):
+        done = subprocess.run(command(dataset, run_dir), cwd=ROOT, capture_output=True, text=True, timeout=900,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        if done.returncode == 0:
+            return None
+    return f"resume exited {done.returncode}: {done.stderr.strip().splitlines()[-1:] or done.stdout[-500:]}"
+
+
+def final_tensors(run_dir):
+    import tensorflow as tf
+    path = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    reader = tf.train.load_checkpoint(path)
+    # The input iterator is a variant tensor; the object graph's proto bytes need not repeat; save_counter
+    # counts saves, which an interrupt adds (its own), not training state.
+    skip = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+    return path, {name: reader.get_tensor(name) for name, dtype in reader.get_variable_to_dtype_map().items()
+                  if dtype != tf.variant and name not in skip}
+
+
+def loss_events(logdir):
+    """[(step, value)] of the `loss` summaries under `logdir`, in file order, every one kept."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import event_accumulator
+    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0},
+                                                     purge_orphaned_data=False)
+    accumulator.Reload()
+    if "loss" not in accumulator.Tags()["tensors"]:
+        return []
+    return [(event.step, float(tf.make_ndarray(event.tensor_proto))) for event in accumulator.Tensors("loss")]
+
+
+def differences(expected_dir, run_dir, killed):
+    """What differs between the reference's outcome and the run's: a list of short reasons."""
+    import numpy as np
+    problems = []
+    (expected_path, expected), (path, actual) = final_tensors(expected_dir), final_tensors(run_dir)
+    if Path(path).name != Path(expected_path).name:
+        problems.append(f"latest checkpoint {Path(path).name}, not {Path(expected_path).name}")
+    differing = sorted(name for name in expected.keys() | actual.keys()
+                       if name not in expected or name not in actual or not np.array_equal(expected[name], actual[name]))
+    if differing:
+        problems.append(f"{len(differing)} tensor(s) differ, e.g. {differing[0]}")
+    for split in ("train", "validation"):
+        want, got = loss_events(expected_dir / split), loss_events(run_dir / split)
+        if killed:  # the steps logged after the last checkpoint are logged again: compare the last of each
+            got = sorted(dict(got).items())
+        if got != want:
+            steps = [step for step, _ in got]
+            repeated = sorted({step for step in steps if steps.count(step) > 1})
+            missing = sorted({step for step, _ in want} - set(steps))
+            problems.append(f"{split} loss events differ (repeated steps {repeated}, missing steps {missing})")
+    return problems
+
+
+def trial(dataset, fault, when, expected_dir, run_dir):
+    """One trial; returns (exit status, None or the reason it failed)."""
+    status, output = interrupt(dataset, run_dir, fault, *when)
+    if status not in expected_statuses(fault):
+        return status, f"exit status {status}: {output.strip().splitlines()[-1:]}"
+    if status != 0:
+        problem = resume(dataset, run_dir)
+        if problem:
+            return status, problem
+    problems = differences(expected_dir, run_dir, killed=fault == "SIGKILL")
+    return status, "; ".join(problems) or None
+
+
+def run_trials(datasets, faults, trials, seed=0, work=None, log=print):
+    """Runs `trials` trials per dataset and fault, round-robin (so a run cut short still covers each);
+    returns {(dataset, fault): (passed, run, failures, exit statuses)}."""
+    rng = random.Random(seed)
+    work = Path(work or tempfile.mkdtemp(prefix="faults-"))
+    references = {}
+    for dataset in datasets:
+        references[dataset] = reference(dataset, work)
+        log(f"{dataset}: reference run {references[dataset][1][-1][1]:.1f} s, "
+            f"{len(references[dataset][1]) - 1} instants to draw from")
+    counts = {(dataset, fault): (0, 0, [], []) for dataset in datasets for fault in faults}
+    for number in range(trials):
+        for dataset in datasets:
+            expected_dir, anchors = references[dataset]
+            for fault in faults:
+                when = instant(rng, anchors)
+                run_dir = work / dataset / f"{fault}-{number}"
+                status, problem = trial(dataset, fault, when, expected_dir, run_dir)
+                where = f"{when[1]:.2f} s after line {when[0]}"
+                log(f"{dataset} {fault} #{number} {where}: exit {status}, {problem or 'ok'}")
+                passed, run, failures, statuses = counts[dataset, fault]
+                statuses.append(status)
+                if problem:
+                    failures.append(f"{dataset} {fault} #{number} {where}: {problem}")
+                else:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                counts[dataset, fault] = (passed + (problem is None), run + 1, failures, statuses)
+    return counts
+
+
+def report(counts, log=print):
+    log("\n| dataset | fault | resumed exactly | exit statuses seen |\n|---|---|---|---|")
+    for (dataset, fault), (passed, run, _, statuses) in counts.items():
+        seen = ", ".join(f"{status}×{statuses.count(status)}" for status in sorted(set(statuses)))
+        log(f"| {dataset} | {fault} | {passed}/{run} | {seen} |")
+    for (_, _), (_, _, failures, _) in counts.items():
+        for failure in failures:
+            log(f"failed: {failure}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--faults", default="SIGTERM,SIGINT")
+    parser.add_argument("--trials", type=int, default=20, help="trials per dataset and fault")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", help="where the run directories go (default: a new temporary folder)")
+    args = parser.parse_args(argv)
+    started = time.time()
+    print(f"load average {os.getloadavg()[0]:.2f} before")
+    counts = run_trials(args.datasets.split(","), args.faults.split(","), args.trials, args.seed, args.work)
+    report(counts)
+    print(f"load average {os.getloadavg()[0]:.2f} after; {time.time() - started:.0f} s in all")
+    print("command: python benchmarks/faults.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    return 0 if all(passed == run for passed, run, _, _ in counts.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Expected OS failures give one line and exit 1, no traceback, and lose nothing: a full disk, a read-only
+run or cache folder, a path too long.
+
+Root ignores file modes, so the full and read-only folders are small tmpfs mounts (the tests run as root
+here and in CI; without the right to mount they fail rather than pass untested).
+"""
+import errno
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import pytest
+import tensorflow as tf
+
+from experiments import checkpoints, os_errors
+from tests.conftest import PROJECT, run_cli
+
+TINY = ("dataset=lfw_pairs", "pipeline.image_size=24", "pipeline.batch_size=8", "model.widths=[8,16]",
+        "model.embedding_size=16", "model.head_units=8", "trainer.eval_steps=2", "trainer.log_every=1",
+        "trainer.eval_every=100000")
+
+
+@contextmanager
+def tmpfs(path, size="64m", read_only=False):
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True,
+                             text=True)
+    assert mounted.returncode == 0, f"these tests need to mount a tmpfs (run as root): {mounted.stderr}"
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def assert_one_line(result, starts):
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(starts), lines[-1]
+    return lines[-1]
+
+
+def test_tensorflow_and_python_wordings_become_one_line():
+    class NotFound(Exception):  # the way TensorFlow's OpErrors name their module
+        __module__ = "tensorflow.python.framework.errors_impl"
+
+    saved = NotFound("{{function_node __wrapped__SaveV2_dtypes_3_device_/job:localhost/replica:0/task:0/device:CPU:0}}"
+                     " /run/checkpoints/ckpt-6_temp/part-00000-of-00001.data-00000-of-00001.tempstate1; No space left "
+                     "on device [Op:SaveV2]")
+    assert os_errors.describe(saved) == (
+        "No space left on device: /run/checkpoints/ckpt-6_temp/part-00000-of-00001.data-00000-of-00001.tempstate1; "
+        "free some space, then run the same command again: it resumes from the newest complete checkpoint")
+    wrapped = RuntimeError("while writing")
+    wrapped.__cause__ = OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/run")
+    assert os_errors.describe(wrapped).startswith("Read-only file system: /ro/run; make it writable")
+    assert os_errors.describe(FileNotFoundError(errno.ENOENT, "No such file", "/x")) is None  # not expected: a bug
+    assert os_errors.describe(ValueError("No space left on device")) is None
+
+
+def test_a_path_too_long_exits_1_with_one_line(tmp_path):
+    result = run_cli(*TINY, f"hydra.run.dir={tmp_path / ('x' * 300) / 'run'}", timeout=300)
+    assert_one_line(result, f"error: File name too long: {tmp_path}/xxx")
+
+
+def test_a_read_only_run_folder_exits_1_with_one_line(tmp_path):
+    with tmpfs(tmp_path / "ro", read_only=True) as read_only:
+        result = run_cli(*TINY, f"hydra.run.dir={read_only / 'run'}", timeout=300)
+    assert_one_line(result, f"error: Read-only file system: {read_only / 'run'}; make it writable")
+
+
+@pytest.mark.slow  # TensorFlow starts before the cache is written
+def test_a_read_only_cache_folder_exits_1_with_one_line(tmp_path):
+    with tmpfs(tmp_path / "ro", read_only=True) as read_only:
+        result = run_cli(*TINY, "trainer.train_steps=2", f"hydra.run.dir={tmp_path / 'run'}", timeout=300,
+                         env={"HARNESS_CACHE": str(read_only / "cache")})
+    assert_one_line(result, f"error: Read-only file system: {read_only / 'cache'}")
+
+
+def fill(disk):
+    """Writes a file until the disk is full."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError as error:
+            assert error.errno == errno.ENOSPC
+
+
+@pytest.mark.slow
+def test_a_full_disk_keeps_the_newest_checkpoint_and_the_run_resumes_once_there_is_room(tmp_path):
+    with tmpfs(tmp_path / "disk") as disk:
+        run_dir = disk / "run"
+        args = [*TINY, "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}"]
+        process = subprocess.Popen([sys.executable, "run.py", *args, "trainer.train_steps=100000"], cwd=PROJECT,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        deadline = time.time() + 300
+        while not (run_dir / "checkpoints" / "ckpt-4.index").exists() and time.time() < deadline:
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            time.sleep(0.1)
+        fill(disk)
+        _, stderr = process.communicate(timeout=300)
+        result = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
+        assert_one_line(result, "error: No space left on device: ")
+        newest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+        assert newest and checkpoints.problem(newest) is None  # complete and finite
+        saved = int(newest.rpartition("-")[2])
+        assert saved >= 4
+
+        (disk / "filler").unlink()
+        resumed = run_cli(*args, f"trainer.train_steps={saved + 2}")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"Resumed from {run_dir / 'checkpoints' / f'ckpt-{saved}'} at global step {saved}" in resumed.stdout
+        assert not list((run_dir / "checkpoints").glob("*_temp"))  # the failed save's staging folder is gone

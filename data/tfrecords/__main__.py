@@ -1,4 +1,5 @@
-"""`python -m data.tfrecords dataset=... [tfrecord.encoding=raw ...]`: converts a dataset to TFRecord shards.
+"""`tf-harness-tfrecords dataset=... [tfrecord.encoding=raw ...]`, or `python -m data.tfrecords ...`:
+converts a dataset to TFRecord shards.
 
 The converter's command line; a config error is one line on stderr and exit
 status 2, as for run.py. As an entry point it may use the command line's
@@ -20,10 +21,15 @@ def convert_configured(cfg):
             cfg.dataset.max_skipped_fraction, workers)
 
 
-@hydra.main(config_path="../../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")
 def main(cfg):
     cli.guarded(convert_configured, cfg)
 
 
+def command() -> int:
+    """The `tf-harness-tfrecords` command; returns the exit status."""
+    return cli.exit_code(main)
+
+
 if __name__ == "__main__":
-    sys.exit(cli.exit_code(main))
+    sys.exit(command())

@@ -71,7 +71,7 @@ _status = 0
 
 
 class Outcome(float):
-    """A job's outcome as run.py's job function returns it: the headline validation metric (what a sweeper
+    """A job's outcome as `main` returns it: the headline validation metric (what a sweeper
     such as Optuna maximises; NaN when there is none, a failure included), with the job's exit status and
     error line (experiments/sweep_report.py)."""
 

@@ -4,7 +4,7 @@ The same as the installed `tf-harness` command (experiments/cli.py).
 """
 import sys
 
-from experiments import cli
+from tf_harness.experiments import cli
 
 if __name__ == "__main__":
     sys.exit(cli.command())

@@ -1,6 +1,6 @@
 """The benchmarks' only contact with the project's config and data API.
 
-Every call into `data.*` (Tasks, `load_tables`, `path_columns`, `input_fn`, the TFRecord
+Every call into `tf_harness.data.*` (Tasks, `load_tables`, `path_columns`, `input_fn`, the TFRecord
 converter's command line) and the Hydra config composition lives in the small functions below, so a
 change of that API is adapted here and nowhere else. The rest of `benchmarks/` sees plain values:
 a `DatasetInfo`, a `tf.data.Dataset` of training batches, a command line.
@@ -61,7 +61,7 @@ def compose_defaults(dataset, *overrides):
 
 def dataset_absent(name):
     """Why `name` cannot be benchmarked yet, or None when its Task and config are in place."""
-    import data
+    from tf_harness import data
 
     if name not in data.TASKS:
         return f"no Task named {name} in data.TASKS"
@@ -75,9 +75,9 @@ def dataset_absent(name):
 
 def describe(cfg) -> DatasetInfo:
     """The dataset of `cfg`: its spec, verified training table and decode settings."""
-    from data import imagenet_det, task_from_config
-    from data.skipped import SkipLog
-    from data.tables import load_tables, path_columns
+    from tf_harness.data import imagenet_det, task_from_config
+    from tf_harness.data.skipped import SkipLog
+    from tf_harness.data.tables import load_tables, path_columns
 
     task = task_from_config(cfg)
     table = load_tables(task, cfg.dataset.root, cfg.pipeline.verify_images, SkipLog(),
@@ -96,8 +96,8 @@ def train_input(cfg, table, workdir, seed):
     feed): a tf.data.Dataset of (features, labels, weights) uint8 batches, repeated forever."""
     from dataclasses import replace
 
-    from data import task_from_config
-    from data.input_fn import Pipeline, input_fn
+    from tf_harness.data import task_from_config
+    from tf_harness.data.input_fn import Pipeline, input_fn
 
     pipeline = replace(Pipeline.from_config(cfg), seed=seed)
     return input_fn(task_from_config(cfg), table, pipeline, split="train", training=True, model_dir=workdir)
@@ -108,7 +108,7 @@ def train_input(cfg, table, workdir, seed):
 
 def service_command(server, *args):
     """The command line that starts a tf.data service `server` (dispatcher or worker) of the project."""
-    return [sys.executable, "-m", "data.service", server, *args]
+    return [sys.executable, "-m", "tf_harness.data.service", server, *args]
 
 
 # ----- data API adapter: the TFRecord converter ------------------------------------------------
@@ -117,7 +117,7 @@ def service_command(server, *args):
 def tfrecord_convert_command(name, encoding, directory, image_size, hydra_dir):
     """The command line that converts `name`'s sample into TFRecord shards under `directory`."""
     sizes = [] if image_size is None else [f"pipeline.image_size={image_size}"]
-    return [sys.executable, "-m", "data.tfrecords", f"dataset={name}", f"tfrecord.encoding={encoding}",
+    return [sys.executable, "-m", "tf_harness.data.tfrecords", f"dataset={name}", f"tfrecord.encoding={encoding}",
             f"tfrecord.dir={directory}", *sizes, f"hydra.run.dir={hydra_dir}"]
 
 

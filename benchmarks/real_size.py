@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
-# The embedded samples, as data.samples.cache_home finds them (importing data would import TensorFlow).
+# The embedded samples, as tf_harness.data.samples.cache_home finds them (importing data would import TensorFlow).
 SAMPLES = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "tf-harness")) / "samples"
 WNIDS = [line.split()[0] for line in (PROJECT / "data" / "imagenet_det_synsets.txt").read_text().splitlines() if line]
 
@@ -136,9 +136,9 @@ def run(dataset, root: Path, cache: Path, run_dir: Path) -> dict:
 # A start's data phases alone, in a fresh process: wall and CPU seconds of the index and the verification.
 PHASES = """
 import json, sys, time
-from data import TASKS, Decode
-from data.skipped import SkipLog
-from data.tables import drop_undecodable
+from tf_harness.data import TASKS, Decode
+from tf_harness.data.skipped import SkipLog
+from tf_harness.data.tables import drop_undecodable
 name, root = sys.argv[1:3]
 options = {"validation_fraction": 0.1} if name == "chest_xray" else {}
 task = TASKS[name](Decode((32, 32), "resize"), 0, **options)

@@ -4,7 +4,7 @@
 
 Rows: the project's training pipeline (`pipeline.source=files`) iterated in this process, and the
 same pipeline with `pipeline.service=grpc://localhost:PORT`, fed by a dispatcher and 1 or 2 workers
-started as `python -m data.service ...` subprocesses. Each row reports images/s and images per
+started as `python -m tf_harness.data.service ...` subprocesses. Each row reports images/s and images per
 CPU-second, where CPU counts this process and the row's dispatcher and workers. Rows run in paired,
 interleaved rounds; each ratio to the local row is the median of per-round ratios with its min–max.
 
@@ -31,7 +31,7 @@ WORKDIR = Path(tempfile.gettempdir()) / "service-bench"
 
 
 class Cluster:
-    """A dispatcher and `workers` workers on localhost, each a `python -m data.service` process."""
+    """A dispatcher and `workers` workers on localhost, each a `python -m tf_harness.data.service` process."""
 
     def __init__(self, workers, logs):
         with socket.socket() as probe:

@@ -4,7 +4,7 @@
     python benchmarks/starvation.py [--dataset chest_xray] [--steps 10] [--model resnet_v2_152]
                                     [--batch-size 32] [--image-size 224]
 
-It trains a real model (experiments.trainer.Trainer) fed by the real pipeline and by one cached
+It trains a real model (tf_harness.experiments.trainer.Trainer) fed by the real pipeline and by one cached
 batch repeated (`data.take(1).cache().repeat()`, no input cost), in alternating blocks, and
 reports the ratio of median step times (the median of per-block ratios, with their min–max) and
 the input-wait fraction measured the way experiments/runner.py does, beside the pipeline's own
@@ -87,8 +87,8 @@ def pipeline_alone(data, batches=20):
 
 def make_trainer(cfg, info):
     """The model's Trainer, as experiments/runner.py builds it."""
-    from experiments import strategies
-    from experiments.trainer import Trainer
+    from tf_harness.experiments import strategies
+    from tf_harness.experiments.trainer import Trainer
 
     strategy = strategies.make_strategy(cfg.strategy)
     return Trainer(cfg, info.spec, strategy, info.size)
@@ -125,7 +125,7 @@ def starvation(args, command_line):
     """Median step time fed by the real pipeline ÷ fed by one cached batch, and the input-wait fraction."""
     import keras
 
-    from experiments.schema import first_problem
+    from tf_harness.experiments.schema import first_problem
 
     overrides = [f"model={args.model}"] if args.model else []
     cfg = data_api.compose_cfg(args.dataset, args.batch_size, args.image_size, *overrides)
@@ -133,7 +133,7 @@ def starvation(args, command_line):
     if first_problem(cfg):
         raise SystemExit(f"config error: {first_problem(cfg)}")
     print(f"# Starvation check\n\ncommand: {command_line}")
-    print(f"dataset {args.dataset}, model {cfg.model.name} via experiments.trainer.Trainer, "
+    print(f"dataset {args.dataset}, model {cfg.model.name} via tf_harness.experiments.trainer.Trainer, "
           f"{args.image_size}x{args.image_size}, batch {args.batch_size}, {args.steps} measured steps per feed, "
           f"{CORES} cores")
     keras.utils.set_random_seed(cfg.seed)

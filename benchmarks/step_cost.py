@@ -37,9 +37,9 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
-from experiments import strategies  # noqa: E402
-from experiments.trainer import Trainer  # noqa: E402
-from models import BUILDERS  # noqa: E402
+from tf_harness.experiments import strategies  # noqa: E402
+from tf_harness.experiments.trainer import Trainer  # noqa: E402
+from tf_harness.models import BUILDERS  # noqa: E402
 
 CACHED_BATCHES = 4
 

@@ -32,8 +32,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
-from experiments import strategies  # noqa: E402
-from experiments.trainer import Trainer  # noqa: E402
+from tf_harness.experiments import strategies  # noqa: E402
+from tf_harness.experiments.trainer import Trainer  # noqa: E402
 
 # About 5 minutes in all on 2 busy cores, where a semi-AlexNet step on 415x482 images takes 1-1.5 s.
 DEFAULT_STEPS = {"lfw_pairs": 100, "imagenet_det": 50}

@@ -3,12 +3,12 @@
 Adding a dataset: write ``data/<name>.py`` with a Task subclass, add it to TASKS
 below, and add ``conf/dataset/<name>.yaml``; README's "Adding a dataset" has the steps.
 """
-from data.chest_xray import ChestXray
-from data.errors import ConfigError
-from data.imagenet_det import ImagenetDet
-from data.images import Decode, image_size
-from data.lfw_pairs import LfwPairs
-from data.task import Task
+from tf_harness.data.chest_xray import ChestXray
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.imagenet_det import ImagenetDet
+from tf_harness.data.images import Decode, image_size
+from tf_harness.data.lfw_pairs import LfwPairs
+from tf_harness.data.task import Task
 
 TASKS = {
     "chest_xray": ChestXray,

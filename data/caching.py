@@ -23,7 +23,7 @@ import logging
 import os
 from pathlib import Path
 
-from data.errors import ConfigError
+from tf_harness.data.errors import ConfigError
 
 log = logging.getLogger(__name__)
 # Cache prefixes this process holds, with their open lock files; the OS drops the locks when it exits.

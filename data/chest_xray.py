@@ -18,12 +18,12 @@ import pandas as pd
 import tensorflow as tf
 from sklearn.model_selection import GroupShuffleSplit
 
-from data.errors import DatasetError
-from data.samples import cache_home
-from data.samples.chest_xray import make_sample
-from data.skipped import SkipLog
-from data.spec import DatasetSpec
-from data.task import Task
+from tf_harness.data.errors import DatasetError
+from tf_harness.data.samples import cache_home
+from tf_harness.data.samples.chest_xray import make_sample
+from tf_harness.data.skipped import SkipLog
+from tf_harness.data.spec import DatasetSpec
+from tf_harness.data.task import Task
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ import pandas as pd
 import tensorflow as tf
 from tqdm import tqdm
 
-from data.errors import DatasetError
-from data.samples import cache_home
-from data.samples.imagenet_det import make_sample
-from data.spec import DatasetSpec
-from data.task import Task
+from tf_harness.data.errors import DatasetError
+from tf_harness.data.samples import cache_home
+from tf_harness.data.samples.imagenet_det import make_sample
+from tf_harness.data.spec import DatasetSpec
+from tf_harness.data.task import Task
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from data import caching, service
-from data.sources import SampledRecords, TableRecords
-from data.tfrecords import TFRecordSettings
-from data.tfrecords.reader import TFRecordRecords
+from tf_harness.data import caching, service
+from tf_harness.data.sources import SampledRecords, TableRecords
+from tf_harness.data.tfrecords import TFRecordSettings
+from tf_harness.data.tfrecords.reader import TFRecordRecords
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
@@ -88,7 +88,7 @@ def pad_batch(batch_size):
 
 def record_source(task, table, split, training, tfrecord=None, verified=True):
     """The source of a split's records: sampled by the task when it draws its training records, else
-    TFRecord shards when `tfrecord` (data.tfrecords.TFRecordSettings) is given, else the table's rows
+    TFRecord shards when `tfrecord` (tf_harness.data.tfrecords.TFRecordSettings) is given, else the table's rows
     (whose loads check each file when it was not `verified` up front)."""
     if training and task.DRAWS_TRAINING_RECORDS:
         if tfrecord is not None:
@@ -122,7 +122,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
 
     Args:
         task: the dataset's Task (data/task.py).
-        table: the split's index table (data.tables.load_tables).
+        table: the split's index table (tf_harness.data.tables.load_tables).
         pipeline: the pipeline settings.
         split: the split's name, which names its disk cache and its TFRecord shards.
         training: shuffle, repeat forever and drop the last partial batch (the train step augments).

@@ -20,10 +20,10 @@ import pandas as pd
 import tensorflow as tf
 from sklearn.metrics import roc_curve
 
-from data.errors import ConfigError, DatasetError
-from data.samples.lfw_pairs import make_sample
-from data.spec import DatasetSpec
-from data.task import Task
+from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.samples.lfw_pairs import make_sample
+from tf_harness.data.spec import DatasetSpec
+from tf_harness.data.task import Task
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ device at a quarter of float32's bytes.
 """
 import tensorflow as tf
 
-from data.errors import ConfigError
+from tf_harness.data.errors import ConfigError
 
 BRIGHTNESS_DELTA = 0.1 * 255
 

@@ -4,8 +4,8 @@ One dispatcher hands out the work; each worker runs the training pipeline up to 
 shuffle, decode, resize, batch) and streams uint8 batches to the trainer, which only augments and
 normalises them in its step. Start them with::
 
-    python -m data.service dispatcher --port 5050
-    python -m data.service worker --dispatcher grpc://HOST:5050     # on each machine with spare cores
+    python -m tf_harness.data.service dispatcher --port 5050
+    python -m tf_harness.data.service worker --dispatcher grpc://HOST:5050     # on each machine with spare cores
 
 A worker needs TensorFlow and the image files (or TFRecord shards) at the paths the trainer indexed
 them under; the pipeline's graph comes from the trainer. SIGINT or SIGTERM stops a server cleanly
@@ -23,7 +23,7 @@ import threading
 
 import tensorflow as tf
 
-from data.errors import ConfigError
+from tf_harness.data.errors import ConfigError
 
 log = logging.getLogger(__name__)
 # grpc://host:port, the host a name, an IPv4 address or a bracketed IPv6 one. experiments/schema.py checks
@@ -50,7 +50,7 @@ def check_dispatcher(address, key="pipeline.service") -> None:
         socket.create_connection((host, port), timeout=_CONNECT_SECONDS).close()
     except OSError as error:
         raise ConfigError(f"{key}={address}: no tf.data service dispatcher answers there "
-                          f"({error.strerror or error}); start one with `python -m data.service dispatcher "
+                          f"({error.strerror or error}); start one with `python -m tf_harness.data.service dispatcher "
                           f"--port {port}`") from None
 
 
@@ -73,7 +73,7 @@ def distribute(data, address) -> tf.data.Dataset:
         tf.data.experimental.service.ShardingPolicy.DYNAMIC, address, compression=None))
 
 
-# ----- python -m data.service: the servers -------------------------------------------------------------------
+# ----- python -m tf_harness.data.service: the servers -------------------------------------------------------------------
 
 
 def _serve(server, what) -> None:
@@ -107,7 +107,7 @@ def run_dispatcher(args) -> None:
                                                            fault_tolerant_mode=bool(args.work_dir))
     server = tf.data.experimental.service.DispatchServer(config)
     address = f"grpc://{args.host}:{args.port}"
-    log.info("Dispatcher listening on port %d. Start workers with `python -m data.service worker --dispatcher %s` "
+    log.info("Dispatcher listening on port %d. Start workers with `python -m tf_harness.data.service worker --dispatcher %s` "
              "and train with `python run.py ... pipeline.service=%s`", args.port, address, address)
     _serve(server, "Dispatcher")
 
@@ -126,7 +126,7 @@ def run_worker(args) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m data.service", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tf_harness.data.service", description=__doc__.split("\n")[0])
     servers = parser.add_subparsers(dest="server", required=True)
     dispatcher = servers.add_parser("dispatcher", help="start the dispatcher")
     dispatcher.add_argument("--port", type=int, default=5050)

@@ -6,13 +6,13 @@ expensive part that input_fn runs in a parallel map. Three sources:
 
 - `TableRecords`: the index table's rows (paths and labels), ``pipeline.source=files``;
 - `SampledRecords`: an endless stream the task draws in the graph (LFW's training pairs);
-- `data.tfrecords.reader.TFRecordRecords`: TFRecord shards, ``pipeline.source=tfrecord``.
+- `tf_harness.data.tfrecords.reader.TFRecordRecords`: TFRecord shards, ``pipeline.source=tfrecord``.
 """
 import numpy as np
 import tensorflow as tf
 
-from data.tables import path_columns
-from data.verification import is_whole
+from tf_harness.data.tables import path_columns
+from tf_harness.data.verification import is_whole
 
 
 class TableRecords:

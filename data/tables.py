@@ -5,9 +5,9 @@ This is DESIGN's step 1 (index once, in Python) around a Task's own `index`.
 import logging
 from pathlib import Path
 
-from data.errors import ConfigError, DatasetError
-from data.samples import sample_root
-from data.verification import check_files
+from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.samples import sample_root
+from tf_harness.data.verification import check_files
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ Adding a dataset means one subclass in ``data/<name>.py``, registered in
 """
 from pathlib import Path
 
-from data.images import Decode
-from data.spec import DatasetSpec
+from tf_harness.data.images import Decode
+from tf_harness.data.spec import DatasetSpec
 
 
 class Task:
@@ -42,7 +42,7 @@ class Task:
         data has one, ``test``). Image path columns are ``path`` (or ``path_a`` and
         ``path_b`` for pairs) and hold absolute paths; ``label`` is an int or a list
         of ints (multi-hot). Unusable rows go to ``skipped.add(path, reason)``; bad
-        metadata that a user must fix raises data.errors.DatasetError.
+        metadata that a user must fix raises tf_harness.data.errors.DatasetError.
         """
         raise NotImplementedError
 

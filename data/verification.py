@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tensorflow as tf
 
-from data.samples import cache_home
+from tf_harness.data.samples import cache_home
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from experiments import interrupts, os_errors, run_directory, schema, startup  # noqa: E402
+from tf_harness.experiments import interrupts, os_errors, run_directory, schema, startup  # noqa: E402
 
 log = logging.getLogger(__name__)
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
@@ -115,9 +115,9 @@ def guarded(task, cfg) -> Outcome:
         return _failed(f"config error: {problem}", 2)
     startup.import_tensorflow_quietly()
     # The data package and the trainer import TensorFlow; the config has passed by now.
-    from data.errors import ConfigError, DatasetError
-    from experiments.checkpoints import UnrestorableError
-    from experiments.trainer import NonFiniteLossError
+    from tf_harness.data.errors import ConfigError, DatasetError
+    from tf_harness.experiments.checkpoints import UnrestorableError
+    from tf_harness.experiments.trainer import NonFiniteLossError
 
     try:
         metric = task(cfg)
@@ -143,7 +143,7 @@ def exit_code(main) -> int:
     except (HydraException, OmegaConfBaseException) as error:
         _report(error, "config error", 2)
         return 2
-    except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as experiments.interrupts.Interrupted
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as tf_harness.experiments.interrupts.Interrupted
         status = interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
         print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)
         _to_run_log(f"interrupted{f' by {error}' if str(error) else ''}", f"exit status {status}")
@@ -160,7 +160,7 @@ def exit_code(main) -> int:
 
 
 def train_and_evaluate(cfg):
-    from experiments import runner  # TensorFlow starts here, once guarded has checked the config
+    from tf_harness.experiments import runner  # TensorFlow starts here, once guarded has checked the config
 
     return runner.run(cfg)  # the headline validation metric, or None
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 from sklearn.metrics import confusion_matrix
 from tensorboard.plugins.pr_curve import summary as pr_summary
 
-from data.input_fn import input_fn
+from tf_harness.data.input_fn import input_fn
 
 log = logging.getLogger(__name__)
 INPUT_EXAMPLES = 4  # training inputs shown at the start of a run

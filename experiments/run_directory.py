@@ -103,7 +103,7 @@ def with_saved_choices(args) -> list:
 
 
 def _show(value):
-    from experiments.schema import show
+    from tf_harness.experiments.schema import show
     if value is _ABSENT:
         return "(unset)"
     return show(value)
@@ -179,7 +179,7 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
         else:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False, force_add=True)
     # Keys added to the harness since the run was saved take today's defaults.
-    from experiments.schema import KEYS
+    from tf_harness.experiments.schema import KEYS
     for key in KEYS:
         if _value(merged, key) is _ABSENT and _value(cfg, key) is not _ABSENT:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False, force_add=True)

@@ -17,8 +17,8 @@ import socket
 import time
 from pathlib import Path
 
-from data.errors import ConfigError
-from experiments import strategies
+from tf_harness.data.errors import ConfigError
+from tf_harness.experiments import strategies
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"

@@ -18,15 +18,15 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from data import caching, task_from_config
-from data.errors import ConfigError
-from data.input_fn import Pipeline, input_fn
-from data.skipped import SkipLog
-from data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
-from experiments import checkpoints, interrupts, leftovers, metrics, review, run_directory, run_lock, strategies
-from experiments.startup import StartupClock
-from experiments.summaries import Summaries, evaluated_step, write_metrics
-from experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
+from tf_harness.data import caching, task_from_config
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.input_fn import Pipeline, input_fn
+from tf_harness.data.skipped import SkipLog
+from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
+from tf_harness.experiments import checkpoints, interrupts, leftovers, metrics, review, run_directory, run_lock, strategies
+from tf_harness.experiments.startup import StartupClock
+from tf_harness.experiments.summaries import Summaries, evaluated_step, write_metrics
+from tf_harness.experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
 
 log = logging.getLogger(__name__)
 MODES = ("train_and_evaluate", "train", "evaluate", "predict")

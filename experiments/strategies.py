@@ -5,8 +5,8 @@ import os
 
 import tensorflow as tf
 
-from data.errors import ConfigError
-from experiments import schema
+from tf_harness.data.errors import ConfigError
+from tf_harness.experiments import schema
 
 log = logging.getLogger(__name__)
 NAMES = ("auto", "one_device", "mirrored", "multi_worker")

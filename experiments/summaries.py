@@ -6,8 +6,8 @@ import os
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
-from experiments import hparams as hparams_record
-from experiments import review, run_directory
+from tf_harness.experiments import hparams as hparams_record
+from tf_harness.experiments import review, run_directory
 
 class Summaries:
     """Event writers for `<model_dir>/train` and `<model_dir>/validation`."""

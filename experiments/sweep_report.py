@@ -21,7 +21,7 @@ def outcome_of(job_return) -> dict:
     if job_return.status == JobStatus.FAILED:  # an exception the job did not handle
         error = job_return._return_value
         return {"status": 1, "error": f"error: {type(error).__name__}: {error}".splitlines()[0]}
-    value = job_return.return_value  # experiments.cli.Outcome
+    value = job_return.return_value  # tf_harness.experiments.cli.Outcome
     return {"status": getattr(value, "status", 0), "error": getattr(value, "error", None)}
 
 
@@ -42,5 +42,5 @@ class SweepReport(Callback):
         lines = [f"{len(failed)} of {len(outcomes)} jobs failed:"]
         lines += [f"  job {o['job']} ({' '.join(o['overrides'])}) in {o['run_dir']}: {o['error']}" for o in failed]
         print("\n".join(lines), file=sys.stderr)
-        from experiments import cli
+        from tf_harness.experiments import cli
         cli.note_status(max(o["status"] for o in failed))

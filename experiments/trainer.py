@@ -19,9 +19,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from data.preprocessing import Preprocessing
-from experiments import metrics, optimizers
-from models import BUILDERS
+from tf_harness.data.preprocessing import Preprocessing
+from tf_harness.experiments import metrics, optimizers
+from tf_harness.models import BUILDERS
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """ResNet-v2 (pre-activation ResNet, He et al. 2016) from keras.applications."""
 import keras
 
-from data.spec import DatasetSpec
+from tf_harness.data.spec import DatasetSpec
 
 _APPLICATIONS = {
     "resnet_v2_50": keras.applications.ResNet50V2,

@@ -18,7 +18,7 @@ image size. Convolutions and pools pad ``same``, so small images work too.
 """
 import keras
 
-from data.spec import DatasetSpec
+from tf_harness.data.spec import DatasetSpec
 
 # (kernel size, stride, followed by a max-pool) of the five conv layers, as in AlexNet.
 _CONV_LAYERS = ((11, 4, True), (5, 1, True), (3, 1, False), (3, 1, False), (3, 1, True))

@@ -12,8 +12,8 @@ Two ways to merge the pair (``model.merge``):
 """
 import keras
 
-from data.spec import DatasetSpec
-from data.errors import ConfigError
+from tf_harness.data.spec import DatasetSpec
+from tf_harness.data.errors import ConfigError
 
 MERGES = ("embedding", "pixel_difference")
 

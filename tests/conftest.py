@@ -36,7 +36,7 @@ def compose(*overrides):
     """The project's config composed as `python run.py` would, with `overrides`."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from omegaconf import OmegaConf
-    from experiments import cli  # noqa: F401  (registers the run_id resolver)
+    from tf_harness.experiments import cli  # noqa: F401  (registers the run_id resolver)
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=list(overrides))
@@ -61,30 +61,30 @@ def run_cli(*args, timeout=900, env=None, **kwargs):
 
 def task_of(cfg):
     """The Task a composed config names."""
-    from data import task_from_config
+    from tf_harness.data import task_from_config
     return task_from_config(cfg)
 
 
 def tables_of(cfg, skipped=None):
     """The index tables of a composed config's dataset, as a run loads them."""
-    from data.skipped import SkipLog
-    from data.tables import load_tables
+    from tf_harness.data.skipped import SkipLog
+    from tf_harness.data.tables import load_tables
     return load_tables(task_of(cfg), cfg.dataset.root, cfg.pipeline.verify_images,
                        SkipLog() if skipped is None else skipped, cfg.dataset.max_skipped_fraction)
 
 
 def make_input(cfg, table, training, split, context=None, model_dir=None):
     """input_fn for one split of a composed config, as the runner calls it."""
-    from data.input_fn import Pipeline, input_fn
+    from tf_harness.data.input_fn import Pipeline, input_fn
     return input_fn(task_of(cfg), table, Pipeline.from_config(cfg), split=split, training=training, context=context,
                     model_dir=model_dir)
 
 
 def convert_shards(cfg):
-    """`python -m data.tfrecords` with a composed config, in this process; returns the manifest."""
-    from data.tfrecords.layout import TFRecordSettings
-    from data.tfrecords.writer import convert
-    from experiments.strategies import workers
+    """`python -m tf_harness.data.tfrecords` with a composed config, in this process; returns the manifest."""
+    from tf_harness.data.tfrecords.layout import TFRecordSettings
+    from tf_harness.data.tfrecords.writer import convert
+    from tf_harness.experiments.strategies import workers
     return convert(task_of(cfg), TFRecordSettings.from_config(cfg), int(cfg.seed), cfg.pipeline.verify_images,
                    cfg.dataset.max_skipped_fraction, workers()[0])
 
@@ -92,7 +92,7 @@ def convert_shards(cfg):
 def read_shards(cfg, split, training, seed=0, table=None, context=None):
     """The (features, label) elements of a split's TFRecord shards, as the pipeline's tfrecord source reads them
     (before input_fn's shuffle)."""
-    from data.tfrecords.layout import TFRecordSettings
-    from data.tfrecords.reader import TFRecordRecords
+    from tf_harness.data.tfrecords.layout import TFRecordSettings
+    from tf_harness.data.tfrecords.reader import TFRecordRecords
     source = TFRecordRecords(task_of(cfg), table, split, training, TFRecordSettings.from_config(cfg))
     return source.records(seed, context).map(source.load)

@@ -65,7 +65,7 @@ def test_pil_baselines_decode_jpegs_reduced_where_c_decodes_a_window(real, monke
     import measure
     from PIL import JpegImagePlugin
 
-    from data import images
+    from tf_harness.data import images
 
     requests = []
     draft = JpegImagePlugin.JpegImageFile.draft

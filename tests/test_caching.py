@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import caching
-from data.errors import ConfigError
+from tf_harness.data import caching
+from tf_harness.data.errors import ConfigError
 from tests.conftest import PROJECT, run_cli
 
 ELEMENTS = 3000
@@ -24,7 +24,7 @@ _KILLED_PASS = textwrap.dedent("""
     import os, signal, sys
     import tensorflow as tf
     sys.path.insert(0, {project!r})
-    from data import caching
+    from tf_harness.data import caching
     model_dir, checkpoint = sys.argv[1], sys.argv[2] == "checkpoint"
     data = caching.cache(tf.data.Dataset.range({elements}).map(lambda i: tf.fill([1000], i)), "disk", model_dir,
                          "train")

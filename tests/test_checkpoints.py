@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from experiments import checkpoints
+from tf_harness.experiments import checkpoints
 
 
 def _save(manager, variable, value, step):
@@ -20,7 +20,7 @@ def test_the_newest_finite_checkpoint_is_chosen_and_the_others_named(tmp_path, c
     good = _save(manager, weights, [1.0, 2.0, 3.0], 3)
     _save(manager, weights, [1.0, np.nan, 3.0], 6)
     _save(manager, weights, [np.inf, 2.0, 3.0], 9)
-    with caplog.at_level(logging.WARNING, logger="experiments.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
         assert checkpoints.newest_finite(tmp_path) == good
     assert f"Not restoring {tmp_path / 'ckpt-9'}: 1 tensor(s) hold NaN or infinite values (model/" in caplog.text
     assert f"Not restoring {tmp_path / 'ckpt-6'}" in caplog.text
@@ -35,7 +35,7 @@ def test_a_missing_or_truncated_checkpoint_is_skipped_and_none_restorable_is_an_
     second = _save(manager, weights, tf.ones([1000]) * 2, 2)
     data = next(tmp_path.glob("ckpt-2.data-*"))
     data.write_bytes(data.read_bytes()[:100])  # a save cut short by a full disk
-    with caplog.at_level(logging.WARNING, logger="experiments.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
         assert checkpoints.newest_finite(tmp_path) == first
     assert f"Not restoring {second}: it cannot be read" in caplog.text
     for path in tmp_path.glob("ckpt-1.*"):
@@ -60,7 +60,7 @@ def _plant_nan(run_dir, step):
     """Overwrites checkpoint `step` with the run's own model and optimizer, restored from it, one weight set to NaN."""
     from omegaconf import OmegaConf
 
-    from experiments.trainer import Trainer
+    from tf_harness.experiments.trainer import Trainer
     from tests.conftest import task_of
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     task = task_of(cfg)

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data import chest_xray
-from data.errors import DatasetError
-from data.images import Decode
-from data.skipped import SkipLog
+from tf_harness.data import chest_xray
+from tf_harness.data.errors import DatasetError
+from tf_harness.data.images import Decode
+from tf_harness.data.skipped import SkipLog
 from tests.conftest import compose, tables_of, task_of
 
 
@@ -128,7 +128,7 @@ def test_every_real_png_decodes_to_one_channel_rgba_included(real):
 
 
 def test_embedded_sample_has_the_real_layout_and_is_deterministic(tmp_path, real, monkeypatch):
-    from data.samples import chest_xray as generator
+    from tf_harness.data.samples import chest_xray as generator
     monkeypatch.setattr(generator, "PATIENTS", 14)  # the same generator, fewer patients, for speed
     chest_xray.make_sample(tmp_path / "a", seed=0)
     chest_xray.make_sample(tmp_path / "b", seed=0)

@@ -9,8 +9,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-import data
-from models import BUILDERS
+from tf_harness import data
+from tf_harness.models import BUILDERS
 from tests.conftest import CONF, PROJECT, compose
 
 
@@ -100,7 +100,7 @@ def _wrong_type(value):
 @pytest.mark.parametrize("overrides", COMBINATIONS, ids=" ".join)
 def test_every_leaf_key_is_declared_and_rejects_a_wrong_type(overrides):
     """A key added to conf/ without its line in experiments/schema.py fails here."""
-    from experiments import schema
+    from tf_harness.experiments import schema
 
     cfg = compose(*overrides)
     assert schema.problems(cfg, {}) == []
@@ -161,14 +161,14 @@ def test_every_leaf_key_is_declared_and_rejects_a_wrong_type(overrides):
      "tfrecord.dir=${oc.env:NO_SUCH_VARIABLE} does not resolve"),
 ])
 def test_a_bad_value_is_one_line_naming_the_key_and_what_is_allowed(dataset, override, line):
-    from experiments import schema
+    from tf_harness.experiments import schema
 
     problem = schema.first_problem(compose(f"dataset={dataset}", *override.split()), {})
     assert problem.startswith(line) and "\n" not in problem
 
 
 def test_good_values_pass():
-    from experiments import schema
+    from tf_harness.experiments import schema
 
     for overrides in [("pipeline.image_size=[32,48]", "trainer.eval_steps=null", "pipeline.dtype=float16",
                        "trainer.learning_rate=1", "mode=predict", "trainer.profile_steps=[0,2]", "pipeline.cache=disk", "pipeline.source=tfrecord"),
@@ -191,14 +191,14 @@ def test_good_values_pass():
      "TF_CONFIG names 2 workers but strategy=auto; use strategy=multi_worker"),
 ])
 def test_a_malformed_tf_config_is_one_line(tf_config, line):
-    from experiments import schema
+    from tf_harness.experiments import schema
 
     problem = schema.first_problem(compose("dataset=chest_xray"), {"TF_CONFIG": tf_config})
     assert problem.startswith(line) and "\n" not in problem
 
 
 def test_a_good_tf_config_passes():
-    from experiments import schema
+    from tf_harness.experiments import schema
 
     config = '{"cluster": {"chief": ["h:1"], "worker": ["h:2"]}, "task": {"type": "worker", "index": 0}}'
     assert schema.problems(compose("dataset=chest_xray", "strategy=multi_worker"), {"TF_CONFIG": config}) == []
@@ -207,10 +207,10 @@ def test_a_good_tf_config_passes():
 
 def test_the_schema_agrees_with_the_code_it_stands_in_for():
     """The schema is read before TensorFlow starts, so it repeats a few names the TensorFlow modules define."""
-    from data import lfw_pairs
-    from data.tfrecords import layout as tfrecords
-    from experiments import runner, schema, strategies
-    from models import siamese_cnn
+    from tf_harness.data import lfw_pairs
+    from tf_harness.data.tfrecords import layout as tfrecords
+    from tf_harness.experiments import runner, schema, strategies
+    from tf_harness.models import siamese_cnn
 
     assert set(schema.DATASET_KEYS) == set(schema.DATASET_INPUTS) == set(data.TASKS)
     for name, module in data.TASKS.items():

@@ -16,7 +16,7 @@ def hydra_config(sweep_dir, choices, task_overrides, params=None):
 
 
 def record(run_dir, task, cfg, hydra_cfg):
-    from experiments.summaries import Summaries
+    from tf_harness.experiments.summaries import Summaries
     Summaries(str(run_dir)).hparams(cfg, task, hydra_cfg)
     accumulator, _ = event_tags(run_dir)
     experiment = metadata.parse_experiment_plugin_data(

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from data import imagenet_det
-from data.images import Decode
-from data.samples import imagenet_det as sample
-from data.skipped import SkipLog
-from experiments.schema import first_problem
+from tf_harness.data import imagenet_det
+from tf_harness.data.images import Decode
+from tf_harness.data.samples import imagenet_det as sample
+from tf_harness.data.skipped import SkipLog
+from tf_harness.experiments.schema import first_problem
 from tests.conftest import REAL, compose, event_tags, run_cli
 
 REAL_MAP_DET = REAL / "ilsvrc_det" / "map_det.txt"

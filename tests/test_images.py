@@ -4,8 +4,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from data import images
-from data.samples import imagenet_det as det_sample
+from tf_harness.data import images
+from tf_harness.data.samples import imagenet_det as det_sample
 from tests.conftest import REAL, require_real_fixtures
 
 SETTINGS = [  # (channels, (height, width), method, crop_fraction)

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data.input_fn import Pipeline
-from experiments.trainer import Trainer
+from tf_harness.data.input_fn import Pipeline
+from tf_harness.experiments.trainer import Trainer
 from tests.conftest import compose, make_input, tables_of
 
 OVERRIDES = ("dataset=chest_xray", "model=resnet_v2_50", "pipeline.image_size=32", "pipeline.batch_size=8")
@@ -60,7 +60,7 @@ def test_no_python_runs_per_example(cfg, tables):
 
 
 def test_train_and_eval_steps_are_traced_once_across_epochs_and_evaluations(cfg, tables):
-    from data.chest_xray import SPEC
+    from tf_harness.data.chest_xray import SPEC
     trainer = Trainer(cfg, SPEC, tf.distribute.get_strategy(), (32, 32))
     train = iter(make_input(cfg, tables["train"], training=True, split="train"))
     validation = make_input(cfg, tables["validation"], training=False, split="validation")

@@ -10,11 +10,11 @@ import tensorflow as tf
 from PIL import Image
 from sklearn.metrics import accuracy_score
 
-from data import lfw_pairs
-from data.errors import ConfigError, DatasetError
-from data.samples.lfw_pairs import make_sample
-from data.skipped import SkipLog
-from experiments.schema import first_problem
+from tf_harness.data import lfw_pairs
+from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.samples.lfw_pairs import make_sample
+from tf_harness.data.skipped import SkipLog
+from tf_harness.experiments.schema import first_problem
 from tests.conftest import compose, run_cli, task_of
 
 

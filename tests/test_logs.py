@@ -39,7 +39,7 @@ def test_log_lines_start_their_own_line_above_the_bar(smoke):
     _, output = smoke
     # On a terminal '\r' returns to the line's start: a log line that follows a bar without clearing it is garbled.
     segments = [segment for line in output.split("\n") for segment in line.split("\r")]
-    logged = [segment for segment in segments if "][experiments.runner][INFO] - " in segment]
+    logged = [segment for segment in segments if "][tf_harness.experiments.runner][INFO] - " in segment]
     assert len(logged) >= 6  # 4 step lines and 2 evaluations
     assert all(segment.startswith("[") for segment in logged), logged
 
@@ -82,5 +82,5 @@ def test_a_config_error_prints_one_line_and_goes_to_run_log(tmp_path):
 ])
 def test_start_up_lines_follow_tf_cpp_min_log_level(line, level, harness_default, shown):
     """TF_CPP_MIN_LOG_LEVEL the user set is honoured, even by lines TensorFlow writes before it reads it."""
-    from experiments.startup import _chatter
+    from tf_harness.experiments.startup import _chatter
     assert _chatter(line, level, harness_default) is not shown

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data.errors import ConfigError
-from data.preprocessing import Preprocessing
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.preprocessing import Preprocessing
 from tests.conftest import PROJECT, compose
 
 
@@ -69,10 +69,10 @@ def test_pairs_are_augmented_independently():
 
 REPLICAS = """
 import numpy as np, tensorflow as tf
-from experiments import strategies
+from tf_harness.experiments import strategies
 from tests.conftest import compose
 strategy = strategies.make_strategy(compose("strategy=mirrored").strategy)  # two logical CPUs
-from data.preprocessing import Preprocessing
+from tf_harness.data.preprocessing import Preprocessing
 preprocess = Preprocessing.from_config(compose("dataset=imagenet_det"))
 images = tf.constant(np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), np.uint8))
 out = strategy.run(tf.function(lambda: preprocess(images, training=True, step=tf.constant(1, tf.int64))))

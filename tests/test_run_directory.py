@@ -11,13 +11,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from data.errors import ConfigError
-from data.samples import sample_root, staging
-from experiments import leftovers, run_lock
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.samples import sample_root, staging
+from tf_harness.experiments import leftovers, run_lock
 from tests.conftest import PROJECT, run_cli
 
 # A process that takes a run directory's lock through the runner's own API and keeps it.
-HOLD = ("import sys, time; from experiments import run_lock; run_lock.hold(sys.argv[1]); "
+HOLD = ("import sys, time; from tf_harness.experiments import run_lock; run_lock.hold(sys.argv[1]); "
         "print('held', flush=True); time.sleep(600)")
 # A lfw_pairs run small enough to start training within seconds (the siamese CNN traces fast).
 TINY = ("dataset=lfw_pairs", "experiment=smoke", "trainer.log_every=1")
@@ -123,7 +123,7 @@ def test_a_killed_saves_staging_folder_is_removed_on_the_next_start(tmp_path, ca
     assert temp, "the save was never caught mid-way"
     kept = sorted(p.name for p in checkpoints.iterdir() if p not in temp)
     (checkpoints / "checkpoint.tmp0123456789abcdef").write_text("half a state file")
-    with caplog.at_level(logging.INFO, logger="experiments.leftovers"):
+    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.leftovers"):
         removed = leftovers.remove(checkpoints.parent)
     assert sorted(removed) == sorted([*temp, checkpoints / "checkpoint.tmp0123456789abcdef"])
     assert sorted(p.name for p in checkpoints.iterdir()) == kept  # complete checkpoints untouched
@@ -141,7 +141,7 @@ def test_stale_sample_staging_folders_are_removed_live_and_foreign_ones_kept(tmp
         (path / "data").mkdir(parents=True)
     hour_ago = time.time() - 2 * staging.UNOWNED_AGE_S
     os.utime(old_unowned, (hour_ago, hour_ago))
-    with caplog.at_level(logging.INFO, logger="data.samples.staging"):
+    with caplog.at_level(logging.INFO, logger="tf_harness.data.samples.staging"):
         removed = staging.remove_stale(tmp_path)
     assert sorted(removed) == sorted([dead, old_unowned])
     assert all(path.exists() for path in (live, foreign, new_unowned, sample))

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from data import imagenet_det
-from models import BUILDERS, semi_alexnet
+from tf_harness.data import imagenet_det
+from tf_harness.models import BUILDERS, semi_alexnet
 
 CONFIG = OmegaConf.create({"name": "semi_alexnet", "inputs": "single", "filters": [48, 128, 192, 192, 128],
                            "dense_units": 512, "dropout": 0.5})

@@ -21,13 +21,13 @@ def _free_port():
 
 
 class Server:
-    """`python -m data.service ...` as a user starts it, its log in a file."""
+    """`python -m tf_harness.data.service ...` as a user starts it, its log in a file."""
 
     def __init__(self, log_path, *args):
         self.log_path = log_path
         self.log = open(log_path, "w")
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        self.process = subprocess.Popen([sys.executable, "-m", "data.service", *args], cwd=PROJECT, env=env,
+        self.process = subprocess.Popen([sys.executable, "-m", "tf_harness.data.service", *args], cwd=PROJECT, env=env,
                                         stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_for(self, text, timeout=120):
@@ -70,7 +70,7 @@ def service(tmp_path):
 @pytest.mark.parametrize("value", ["localhost:5050", "grpc://localhost", "grpc://localhost:0", "grpc://h:70000",
                                    "http://localhost:5050", 5050])
 def test_a_malformed_service_address_is_one_line(value):
-    from experiments import schema
+    from tf_harness.experiments import schema
 
     problem = schema.first_problem(compose("dataset=chest_xray", f"pipeline.service={value}"), {})
     assert problem == f"pipeline.service={value} is not grpc://host:port (a port in 1..65535), or null (decode locally)"
@@ -79,13 +79,13 @@ def test_a_malformed_service_address_is_one_line(value):
 @pytest.mark.parametrize("value", ["grpc://localhost:5050", "grpc://node-7.cluster.example:1", "grpc://10.0.0.2:65535",
                                    "'grpc://[::1]:5050'", "null"])
 def test_a_good_service_address_passes(value):
-    from experiments import schema
+    from tf_harness.experiments import schema
 
     assert schema.problems(compose("dataset=chest_xray", f"pipeline.service={value}"), {}) == []
 
 
 def test_the_service_does_not_go_with_a_cache():
-    from experiments import schema
+    from tf_harness.experiments import schema
 
     cfg = compose("dataset=chest_xray", "pipeline.service=grpc://localhost:5050", "pipeline.cache=memory")
     assert schema.first_problem(cfg, {}).startswith(
@@ -93,8 +93,8 @@ def test_the_service_does_not_go_with_a_cache():
 
 
 def test_the_schema_checks_the_address_as_the_service_does():
-    from data import service
-    from experiments import schema
+    from tf_harness.data import service
+    from tf_harness.experiments import schema
 
     assert schema.SERVICE_ADDRESS.pattern == service.ADDRESS.pattern
 
@@ -110,7 +110,7 @@ def test_run_py_reports_a_malformed_address_in_one_line_before_tensorflow_starts
 
 def test_a_worker_says_in_one_line_when_its_dispatcher_cannot_be_reached(tmp_path):
     port = _free_port()  # nothing listens there
-    command = [sys.executable, "-m", "data.service", "worker", "--dispatcher", f"grpc://localhost:{port}"]
+    command = [sys.executable, "-m", "tf_harness.data.service", "worker", "--dispatcher", f"grpc://localhost:{port}"]
     result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 2
@@ -118,7 +118,7 @@ def test_a_worker_says_in_one_line_when_its_dispatcher_cannot_be_reached(tmp_pat
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"config error: --dispatcher=grpc://localhost:{port}: no tf.data service dispatcher answers "
-        f"there (Connection refused); start one with `python -m data.service dispatcher --port {port}`")
+        f"there (Connection refused); start one with `python -m tf_harness.data.service dispatcher --port {port}`")
 
 
 # ----- the pipeline through an in-process service -------------------------------------------------------------
@@ -181,7 +181,7 @@ def test_a_run_whose_dispatcher_cannot_be_reached_exits_2_in_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"config error: pipeline.service=grpc://localhost:{port}: no tf.data service dispatcher answers there "
-        f"(Connection refused); start one with `python -m data.service dispatcher --port {port}`")
+        f"(Connection refused); start one with `python -m tf_harness.data.service dispatcher --port {port}`")
 
 
 @pytest.mark.slow  # starts two TensorFlow servers beside the benchmark

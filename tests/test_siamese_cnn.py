@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from data.errors import ConfigError
-from data.lfw_pairs import SPEC
-from models import BUILDERS
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.lfw_pairs import SPEC
+from tf_harness.models import BUILDERS
 from tests.conftest import compose
 
 

@@ -1,4 +1,4 @@
-"""TFRecord shards: the converter (`python -m data.tfrecords`), the reader, and an independent reader's view."""
+"""TFRecord shards: the converter (`python -m tf_harness.data.tfrecords`), the reader, and an independent reader's view."""
 import hashlib
 import importlib.util
 import json
@@ -13,10 +13,10 @@ import pytest
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from data import TASKS
-from data.errors import ConfigError
-from data.sources import TableRecords
-from data.tfrecords import layout, writer
+from tf_harness.data import TASKS
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.sources import TableRecords
+from tf_harness.data.tfrecords import layout, writer
 from tests.conftest import PROJECT, compose, convert_shards, make_input, read_shards, tables_of, task_of
 
 SMALL = ("pipeline.image_size=32", "pipeline.batch_size=8")
@@ -103,7 +103,7 @@ def test_train_shards_split_across_workers_from_tf_config(converted, monkeypatch
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": [f"localhost:{2000 + i}" for i in range(3)]},
                                                 "task": {"type": "worker", "index": 0}}))
     settings = layout.TFRecordSettings.from_config(_override(cfg, "tfrecord.min_shards_per_worker=4"))
-    from experiments.strategies import workers
+    from tf_harness.experiments.strategies import workers
     plan = writer._plan(task_of(cfg), settings, "train", tables["train"], cfg.seed, workers()[0])
     assert len(plan) == 4 * 3 and sorted(np.concatenate(plan)) == list(range(len(tables["train"])))
 
@@ -127,7 +127,7 @@ def test_a_killed_conversion_is_ignored_by_readers_and_finished_by_a_rerun(tmp_p
         import os, signal, sys, threading, time
         sys.path.insert(0, {str(PROJECT)!r})
         from tests.conftest import compose, convert_shards
-        from data.tfrecords import writer
+        from tf_harness.data.tfrecords import writer
         hashed, lock, sha256 = [], threading.Lock(), writer.sha256
         def sha256_then_die(path):  # runs on a finished .tmp shard, before its rename
             with lock:
@@ -153,7 +153,7 @@ def test_a_killed_conversion_is_ignored_by_readers_and_finished_by_a_rerun(tmp_p
     assert 0 < len(recorded) <= 4
 
     cfg = compose(*overrides)
-    with pytest.raises(ConfigError, match="did not finish; run `python -m data.tfrecords dataset=chest_xray`"):
+    with pytest.raises(ConfigError, match="did not finish; run `python -m tf_harness.data.tfrecords dataset=chest_xray`"):
         read_shards(cfg, "train", True, 0)
 
     manifest = convert_shards(cfg)
@@ -198,7 +198,7 @@ def test_pair_tables_store_one_image_feature_set_per_path_column():
 
 
 def test_bad_encoding_is_one_line_and_exit_2(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "data.tfrecords", "dataset=chest_xray", "tfrecord.encoding=png",
+    result = subprocess.run([sys.executable, "-m", "tf_harness.data.tfrecords", "dataset=chest_xray", "tfrecord.encoding=png",
                              f"tfrecord.dir={tmp_path / 'shards'}", f"hydra.run.dir={tmp_path / 'run'}"],
                             cwd=PROJECT, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
@@ -285,7 +285,7 @@ def test_shards_of_another_encoding_or_none_at_all_are_config_errors(converted, 
     with pytest.raises(ConfigError, match="tfrecord.encoding=raw, but .* holds encoded shards"):
         read_shards(raw, "validation", False, 0)
     empty = _override(cfg, f"tfrecord.dir={tmp_path}", "pipeline.source=tfrecord")
-    with pytest.raises(ConfigError, match="run `python -m data.tfrecords dataset=chest_xray` first"):
+    with pytest.raises(ConfigError, match="run `python -m tf_harness.data.tfrecords dataset=chest_xray` first"):
         make_input(empty, tables["validation"], False, "validation")
     with pytest.raises(ConfigError, match="do not match the dataset's validation split"):
         read_shards(cfg, "validation", False, 0, tables["validation"].iloc[1:])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data.spec import DatasetSpec
-from experiments.trainer import NonFiniteLossError, Trainer, loop_length
+from tf_harness.data.spec import DatasetSpec
+from tf_harness.experiments.trainer import NonFiniteLossError, Trainer, loop_length
 from tests.conftest import PROJECT, compose, event_tags, run_cli
 
 PAIRS = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3, paired=True)

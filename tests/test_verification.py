@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data.skipped import SkipLog
-from data.verification import check_files, is_whole, problem
+from tf_harness.data.skipped import SkipLog
+from tf_harness.data.verification import check_files, is_whole, problem
 from tests.conftest import compose, make_input, run_cli, tables_of
 
 DAMAGED = ("00000001_001.png", "00000003_001.png")  # truncated, garbage

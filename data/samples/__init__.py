@@ -5,7 +5,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from data.samples import staging as staging_dir
+from tf_harness.data.samples import staging as staging_dir
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from data.samples import parallel_map
+from tf_harness.data.samples import parallel_map
 
 # Ten real DET synsets, each drawn in a colour of its own.
 CLASSES = {

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from data.samples import parallel_map
+from tf_harness.data.samples import parallel_map
 
 SIZE = 250
 # People of the development split (View 1): training and test identities are disjoint.

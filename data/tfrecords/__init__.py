@@ -2,7 +2,7 @@
 
 Convert once, then train with ``pipeline.source=tfrecord``::
 
-    python -m data.tfrecords dataset=chest_xray [dataset.root=...] [tfrecord.encoding=encoded|raw]
+    python -m tf_harness.data.tfrecords dataset=chest_xray [dataset.root=...] [tfrecord.encoding=encoded|raw]
                              [pipeline.image_size=224]
 
 Every split of the index tables becomes ``<split>-00003-of-00012.tfrecord`` files
@@ -21,4 +21,4 @@ written under a ``.tmp`` name and renamed when whole, and the manifest is
 updated as each one completes, so a killed conversion leaves nothing a reader
 takes for data and a re-run writes only the shards still missing.
 """
-from data.tfrecords.layout import TFRecordSettings  # noqa: F401  (what the pipeline settings hold)
+from tf_harness.data.tfrecords.layout import TFRecordSettings  # noqa: F401  (what the pipeline settings hold)

@@ -1,4 +1,4 @@
-"""`tf-harness-tfrecords dataset=... [tfrecord.encoding=raw ...]`, or `python -m data.tfrecords ...`:
+"""`tf-harness-tfrecords dataset=... [tfrecord.encoding=raw ...]`, or `python -m tf_harness.data.tfrecords ...`:
 converts a dataset to TFRecord shards.
 
 The converter's command line; a config error is one line on stderr and exit
@@ -9,10 +9,10 @@ import sys
 
 import hydra
 
-from data import task_from_config
-from data.tfrecords.layout import TFRecordSettings
-from data.tfrecords.writer import convert
-from experiments import cli, strategies
+from tf_harness.data import task_from_config
+from tf_harness.data.tfrecords.layout import TFRecordSettings
+from tf_harness.data.tfrecords.writer import convert
+from tf_harness.experiments import cli, strategies
 
 
 def convert_configured(cfg):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.tables import path_columns
+from tf_harness.data.tables import path_columns
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -45,7 +45,7 @@ class TFRecordSettings:
 
 def convert_command(task, settings: TFRecordSettings) -> str:
     """The command line that writes the shards `settings` asks for, for error messages."""
-    command = f"python -m data.tfrecords dataset={task.SPEC.name}"
+    command = f"python -m tf_harness.data.tfrecords dataset={task.SPEC.name}"
     if settings.dataset_root is not None:
         command += f" dataset.root={settings.dataset_root}"
     if settings.encoding == "raw":

@@ -4,8 +4,8 @@ import os
 
 import tensorflow as tf
 
-from data.errors import ConfigError
-from data.tfrecords.layout import (MANIFEST, TFRecordSettings, convert_command, fingerprint, image_prefix,
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.tfrecords.layout import (MANIFEST, TFRecordSettings, convert_command, fingerprint, image_prefix,
                                    label_key, preprocessing)
 
 AUTOTUNE = tf.data.AUTOTUNE

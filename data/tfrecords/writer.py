@@ -19,14 +19,14 @@ import tensorflow as tf
 from PIL import Image
 from tqdm import tqdm
 
-from data.skipped import SkipLog
-from data.sources import TableRecords
-from data.tables import load_tables, path_columns
-from data.tfrecords.layout import (FORMAT_VERSION, MANIFEST, SHARD_NAME, TFRecordSettings, feature_spec, fingerprint,
+from tf_harness.data.skipped import SkipLog
+from tf_harness.data.sources import TableRecords
+from tf_harness.data.tables import load_tables, path_columns
+from tf_harness.data.tfrecords.layout import (FORMAT_VERSION, MANIFEST, SHARD_NAME, TFRecordSettings, feature_spec, fingerprint,
                                    image_prefix, label_key, label_shape_of, preprocessing, sha256, shard_name,
                                    write_json)
 
-log = logging.getLogger("data.tfrecords")
+log = logging.getLogger("tf_harness.data.tfrecords")
 _MB = 1_000_000
 # Magic numbers of the formats tf.io.decode_image reads; the file name may lie (PNGs named .jpg).
 _FORMATS = ((b"\x89PNG", "png"), (b"\xff\xd8", "jpeg"), (b"GIF8", "gif"), (b"BM", "bmp"))
@@ -208,7 +208,7 @@ def convert(task, settings: TFRecordSettings, seed, verify_images, max_skipped_f
         task: the dataset's Task; its decode settings make raw pixels.
         settings: the tfrecord.* settings and the dataset root.
         seed: the split and shard-assignment seed.
-        verify_images: leave out images that do not decode (data.tables.load_tables).
+        verify_images: leave out images that do not decode (tf_harness.data.tables.load_tables).
         max_skipped_fraction: the largest share of examples that may be left out.
         workers: training workers (TF_CONFIG); the train split gets min_shards_per_worker each.
 

@@ -305,12 +305,21 @@ class Estimator:
         logits, weights, total_loss = [], [], 0.0
         batches = data.take(steps) if steps else data
         total = int(batches.cardinality())  # negative when unknown
-        for features, labels, batch_weights in tqdm(batches, total=total if total >= 0 else None, desc="evaluate",
-                                                    unit="batch", leave=False, dynamic_ncols=True):
-            loss, batch_logits = self.trainer.eval_step(features, labels, batch_weights)
-            total_loss += float(loss)
-            logits.append(batch_logits.numpy())
-            weights.append(batch_weights.numpy())
+        iterator = iter(batches)
+        with tqdm(total=total if total >= 0 else None, desc="evaluate", unit="batch", leave=False,
+                  dynamic_ncols=True) as progress:
+            while True:
+                # A signal waits for the batch's end, so it never lands inside TensorFlow's own Python code.
+                with interrupts.deferred():
+                    batch = next(iterator, None)
+                    if batch is None:
+                        break
+                    features, labels, batch_weights = batch
+                    loss, batch_logits = self.trainer.eval_step(features, labels, batch_weights)
+                    total_loss += float(loss)
+                    logits.append(batch_logits.numpy())
+                    weights.append(batch_weights.numpy())
+                    progress.update()
         seen = min(rows, len(logits) * self.cfg.pipeline.batch_size)  # padding only ever ends the last batch
         return np.concatenate(logits)[:seen], total_loss, np.concatenate(weights)[:seen] > 0
 

@@ -11,13 +11,13 @@ import csv
 import hashlib
 import logging
 import os
-import pickle
 from pathlib import Path
 
 import pandas as pd
 import tensorflow as tf
 from sklearn.model_selection import GroupShuffleSplit
 
+from tf_harness.data import pickle_cache
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.samples import cache_home
 from tf_harness.data.samples.chest_xray import make_sample
@@ -69,17 +69,12 @@ def cached_metadata(csv_path: Path, skipped) -> pd.DataFrame:
     stat = csv_path.stat()
     key = repr((METADATA_VERSION, str(csv_path.resolve()), stat.st_size, stat.st_mtime_ns))
     cache = cache_home() / "index" / f"chest_xray-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
-    try:
-        with open(cache, "rb") as f:
-            table, rows = pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError):
+    cached = pickle_cache.read(cache)
+    if cached is None:
         parsed = SkipLog()
-        table, rows = read_metadata(csv_path, parsed), parsed.rows
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        temporary = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        with open(temporary, "wb") as f:
-            pickle.dump((table, rows), f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(temporary, cache)
+        cached = read_metadata(csv_path, parsed), parsed.rows
+        pickle_cache.write(cache, cached)
+    table, rows = cached
     skipped.extend(rows)
     return table
 

@@ -16,7 +16,6 @@ start compares the tree's folder mtimes only (`_unchanged_index`).
 import hashlib
 import logging
 import os
-import pickle
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pandas as pd
 import tensorflow as tf
 from tqdm import tqdm
 
+from tf_harness.data import pickle_cache
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.samples import cache_home
 from tf_harness.data.samples.imagenet_det import make_sample
@@ -159,16 +159,12 @@ def _unchanged_index(ilsvrc: Path):
     hundred folder mtimes instead of listing and hashing every file (10 s at ILSVRC's 450,000). A file
     rewritten in place keeps its folder's mtime: `touch` the folder to have it re-indexed.
     """
-    folders_file = _folders_file(ilsvrc)
-    if not folders_file.exists():
+    saved = pickle_cache.read(_folders_file(ilsvrc))
+    if saved is None or any(_mtime(folder) != mtime for folder, mtime in saved["folders"].items()):
         return None
-    with open(folders_file, "rb") as f:
-        saved = pickle.load(f)
     cache = Path(saved["index"])
-    if not cache.exists() or any(_mtime(folder) != mtime for folder, mtime in saved["folders"].items()):
-        return None
-    with open(cache, "rb") as f:
-        return pickle.load(f), cache
+    index = pickle_cache.read(cache)
+    return None if index is None else (index, cache)
 
 
 def _cache_file(ilsvrc: Path, listings: dict) -> Path:
@@ -212,14 +208,6 @@ def _build_index(ilsvrc: Path, listings: dict) -> dict:
     return {"tables": tables, "skipped": skipped}
 
 
-def _write_atomically(path: Path, content) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as f:
-        pickle.dump(content, f)
-    os.replace(temporary, path)
-
-
 class ImagenetDet(Task):
     """ILSVRC DET as the class of each image's largest object, or background; no options."""
 
@@ -258,15 +246,14 @@ class ImagenetDet(Task):
             listings[split] = (_list_files(ilsvrc / "Data" / "DET" / folder, IMAGE_SUFFIXES, folders),
                                _list_files(ilsvrc / "Annotations" / "DET" / folder, (".xml",), folders))
         cache = _cache_file(ilsvrc, listings)
-        if cache.exists():
-            with open(cache, "rb") as f:
-                cached = pickle.load(f)
+        cached = pickle_cache.read(cache)
+        if cached is not None:
             log.info("Reusing the ImageNet DET index in %s", cache)
         else:
             cached = _build_index(ilsvrc, listings)
-            _write_atomically(cache, cached)
+            pickle_cache.write(cache, cached)
             log.info("Indexed ImageNet DET under %s into %s", ilsvrc, cache)
-        _write_atomically(_folders_file(ilsvrc), {"folders": folders, "index": str(cache)})
+        pickle_cache.write(_folders_file(ilsvrc), {"folders": folders, "index": str(cache)})
         return cached
 
     def load(self, record):

@@ -149,7 +149,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
     # flow only on settings, so AutoGraph has nothing to convert (and converting it cost a second).
     data = data.map(tf.autograph.experimental.do_not_convert(source.load), num_parallel_calls=AUTOTUNE)
     if training and not isinstance(source, TFRecordRecords):
-        if getattr(source, "guarded", False):  # a damaged file, never checked up front, loads as weight 0
+        if isinstance(source, TableRecords) and source.guarded:  # a damaged file, not checked up front: weight 0
             data = data.filter(lambda features, labels, weight: weight > 0).map(lambda *element: element[:2])
         # An image file whose two ends are whole but whose middle does not decode must not end the run either.
         data = data.ignore_errors(log_warning=True)  # logged, never silent

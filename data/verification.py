@@ -15,12 +15,12 @@ pipeline has read anyway, so a damaged file that was not checked up front
 import hashlib
 import logging
 import os
-import pickle
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import tensorflow as tf
 
+from tf_harness.data import pickle_cache
 from tf_harness.data.samples import cache_home
 
 log = logging.getLogger(__name__)
@@ -79,22 +79,6 @@ def _records_file(paths):
     return cache_home() / "verified" / f"files-{digest}.pkl"
 
 
-def _load(path):
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError):
-        return {}
-
-
-def _save(path, records):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as f:
-        pickle.dump(records, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(temporary, path)
-
-
 def _stat(path):
     try:
         stat = os.stat(path)
@@ -111,7 +95,7 @@ def check_files(paths, workers=8):
     """
     paths = sorted(set(paths))
     records_file = _records_file(paths)
-    records = _load(records_file)
+    records = pickle_cache.read(records_file, {})
     keys = {path: _stat(path) for path in paths}  # 112,120 stats take about 0.3 s
     stale = [path for path in paths if keys[path] is None or records.get(path, (None,))[0] != keys[path]]
     # Reads release the GIL, and a cold disk wants many in flight; chunks keep the pool's cost per file small.
@@ -121,7 +105,7 @@ def check_files(paths, workers=8):
             for path, verdict in zip(chunk, verdicts):
                 records[path] = (keys[path], verdict)
     if stale:
-        _save(records_file, {path: records[path] for path in paths})
+        pickle_cache.write(records_file, {path: records[path] for path in paths})
     return {path: records[path][1] for path in paths if records[path][1] is not None}, len(stale)
 
 

@@ -57,8 +57,9 @@ def test_windowed_decode_equals_whole_decode_and_crop(files, setting):
 
 @pytest.mark.parametrize("size", [(64, 64), (224, 224), (100, 120)], ids=str)
 def test_shrink_stays_within_a_level_of_the_direct_antialiased_resize(size):
-    """The plain bilinear pre-shrink of large images moves the real X-rays' pixels by at most 1 level
-    on average from a direct antialiased resize (the output before it), and no image by 1.5."""
+    """The cheaper shrinks (a plain bilinear pre-shrink of images 8x the size, area below that) move the real
+    X-rays' pixels by at most 1 level on average from a direct antialiased resize (the output before them),
+    and no image by 1.5."""
     require_real_fixtures()
     paths = sorted((REAL / "nih" / "images").glob("*.png"))
     assert len(paths) >= 20
@@ -70,4 +71,18 @@ def test_shrink_stays_within_a_level_of_the_direct_antialiased_resize(size):
         differences.append(np.abs(got - direct.numpy()).mean())
     assert np.mean(differences) <= 1.0, differences
     assert max(differences) <= 1.5, differences
-    assert min(differences) > 0, "the pre-shrink did not run"  # 1024px X-rays are >= 4x these sizes
+    assert min(differences) > 0, "the cheaper shrink did not run"
+
+
+def test_face_windows_shrink_within_a_level_of_the_direct_antialiased_resize():
+    """LFW's default: the central 125px window of a 250px face photo, shrunk to 48px by area."""
+    require_real_fixtures()
+    paths = sorted((REAL / "lfw").glob("*.jpg"))
+    assert paths
+    for path in paths:
+        contents = tf.io.read_file(str(path))
+        got = images.decode_and_resize(contents, 3, (48, 48), "resize", 0.5).numpy().astype(np.float64)
+        window = tf.image.central_crop(images.decode(contents, 3), 0.5)
+        direct = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(window, (48, 48), antialias=True)), 0, 255),
+                         tf.uint8).numpy()
+        assert 0 < np.abs(got - direct).mean() <= 1.0, path

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from tf_harness.data import caching, service
+from tf_harness.data import caching, service, unreadable
 from tf_harness.data.sources import SampledRecords, TableRecords
 from tf_harness.data.tfrecords import TFRecordSettings
 from tf_harness.data.tfrecords.reader import TFRecordRecords
@@ -40,8 +40,6 @@ class Pipeline:
         tfrecord: where to read TFRecord shards, or None to read the dataset's own files.
         service: grpc://host:port of a tf.data service dispatcher whose workers make the training
             batches (data/service.py), or None to make them here.
-        verified: the image files were checked up front (pipeline.verify_images); when not, the
-            pipeline checks each file it reads and leaves out a damaged one.
     """
 
     batch_size: int
@@ -52,14 +50,13 @@ class Pipeline:
     deterministic: bool
     tfrecord: TFRecordSettings = None
     service: str = None
-    verified: bool = True
 
     @classmethod
     def from_config(cls, cfg) -> "Pipeline":
         tfrecord = TFRecordSettings.from_config(cfg) if cfg.pipeline.source == "tfrecord" else None
         return cls(int(cfg.pipeline.batch_size), cfg.pipeline.cache, cfg.pipeline.shuffle_buffer,
                    float(cfg.pipeline.shuffle_mb), int(cfg.seed), bool(cfg.deterministic), tfrecord,
-                   cfg.pipeline.service, bool(cfg.pipeline.verify_images))
+                   cfg.pipeline.service)
 
     def buffer(self, count, element_bytes) -> int:
         """A shuffle buffer for `count` elements of about `element_bytes` each: the whole split, up to shuffle_mb
@@ -86,10 +83,9 @@ def pad_batch(batch_size):
     return pad
 
 
-def record_source(task, table, split, training, tfrecord=None, verified=True):
+def record_source(task, table, split, training, tfrecord=None):
     """The source of a split's records: sampled by the task when it draws its training records, else
-    TFRecord shards when `tfrecord` (tf_harness.data.tfrecords.TFRecordSettings) is given, else the table's rows
-    (whose loads check each file when it was not `verified` up front)."""
+    TFRecord shards when `tfrecord` (tf_harness.data.tfrecords.TFRecordSettings) is given, else the table's rows."""
     if training and task.DRAWS_TRAINING_RECORDS:
         if tfrecord is not None:
             log.info("%s draws its training examples from the image files afresh; shards serve its evaluation",
@@ -97,7 +93,7 @@ def record_source(task, table, split, training, tfrecord=None, verified=True):
         return SampledRecords(task, table)
     if tfrecord is not None:
         return TFRecordRecords(task, table, split, training, tfrecord)
-    return TableRecords(task, table, guarded=not verified)
+    return TableRecords(task, table)
 
 
 def _element_bytes(element_spec) -> int:
@@ -117,6 +113,24 @@ def _shuffled_records(source, data, pipeline, context):
                         reshuffle_each_iteration=True).repeat()
 
 
+def _loaded(source, data, training, model_dir):
+    """The expensive part: read, decode and resize each record, in parallel.
+
+    An image file that fails to read or decode gives weight 0 instead of ending the iterator, and is
+    reported for skipped.csv (data/unreadable.py): evaluation keeps its row, counting for nothing, and
+    training leaves it out. Raw TFRecord shards hold pixels that decoded when they were written.
+    """
+    # A load is graph ops with Python control flow only on settings, so AutoGraph has nothing to
+    # convert (and converting it cost a second).
+    load = tf.autograph.experimental.do_not_convert(source.load)
+    if isinstance(source, TFRecordRecords) and source.raw:
+        return data.map(load, num_parallel_calls=AUTOTUNE)
+    spec = data.take(1).map(load).element_spec
+    report_dir = unreadable.report_folder(model_dir) if model_dir is not None else None
+    data = data.map(unreadable.guard(load, source.paths, spec, report_dir), num_parallel_calls=AUTOTUNE)
+    return unreadable.drop_failed(data) if training else data
+
+
 def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
     """Builds the pipeline of one split, in DESIGN's order: source, shard, shuffle, load, cache, batch, prefetch.
 
@@ -128,9 +142,10 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         training: shuffle, repeat forever and drop the last partial batch (the train step augments).
         context: a tf.distribute.InputContext when several workers each read their share of the
             training split; evaluation is not split.
-        model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files.
+        model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files and image files that
+            fail to decode are reported (data/unreadable.py).
     """
-    source = record_source(task, table, split, training, pipeline.tfrecord, pipeline.verified)
+    source = record_source(task, table, split, training, pipeline.tfrecord)
     batch_size = pipeline.batch_size
     if context is not None and context.num_input_pipelines > 1:
         # Each worker feeds its own replicas their share of the global batch, from its own examples.
@@ -145,14 +160,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
     data = source.records(pipeline.seed, context)
     if training and not source.endless and not cached:
         data = _shuffled_records(source, data, pipeline, context)
-    # The expensive part: read, decode and resize in parallel. A load is graph ops with Python control
-    # flow only on settings, so AutoGraph has nothing to convert (and converting it cost a second).
-    data = data.map(tf.autograph.experimental.do_not_convert(source.load), num_parallel_calls=AUTOTUNE)
-    if training and not isinstance(source, TFRecordRecords):
-        if isinstance(source, TableRecords) and source.guarded:  # a damaged file, not checked up front: weight 0
-            data = data.filter(lambda features, labels, weight: weight > 0).map(lambda *element: element[:2])
-        # An image file whose two ends are whole but whose middle does not decode must not end the run either.
-        data = data.ignore_errors(log_warning=True)  # logged, never silent
+    data = _loaded(source, data, training, model_dir)
     if cached:
         # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.
         data = caching.cache(data, pipeline.cache, Path(model_dir or "."), split)
@@ -168,6 +176,9 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
     # Training may take whichever image decodes first; evaluation keeps table order, which
     # predictions.csv and the protocol metrics rely on.
     options.deterministic = pipeline.deterministic or not training
+    # An input checkpoint saves the elements in flight; unreadable.guard's one-element dataset and report
+    # file are done within each call, so they hold no state for a checkpoint to miss.
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     data = data.with_options(options)
     if training and pipeline.service:
         # Everything above, the decode included, runs on the service's workers; only batches come here.

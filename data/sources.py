@@ -12,7 +12,6 @@ import numpy as np
 import tensorflow as tf
 
 from tf_harness.data.tables import path_columns
-from tf_harness.data.verification import is_whole
 
 
 class TableRecords:
@@ -27,11 +26,8 @@ class TableRecords:
     endless = False
     record_bytes = 8
 
-    def __init__(self, task, table, guarded=False):
-        """`guarded`: the image files were not checked up front (pipeline.verify_images=false), so `load` checks
-        each file's two ends in the graph and gives a third value, the weight: 0.0 with a blank image for a
-        damaged file, else 1.0."""
-        self.task, self.table, self.guarded = task, table, guarded
+    def __init__(self, task, table):
+        self.task, self.table = task, table
         self.count = len(table)
         self.columns = {column: tf.constant(np.asarray(table[column].tolist()))
                         for column in path_columns(table) + ["label"]}
@@ -57,18 +53,11 @@ class TableRecords:
         return {column: tf.gather(values, index) for column, values in self.columns.items()}
 
     def load(self, index):
-        record = self.row(index)
-        if not self.guarded:
-            return self.task.load(record)
-        whole = tf.reduce_all([is_whole(tf.io.read_file(record[column])) for column in path_columns(self.table)])
-        # Decoding a damaged file would raise and end the iterator; a blank image with weight 0 keeps the
-        # split's order (evaluation and predictions.csv rely on it), and training filters it out.
-        blank = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), self._spec())
-        return tf.cond(whole, lambda: (*self.task.load(record), tf.constant(1.0)), lambda: (*blank, tf.constant(0.0)))
+        return self.task.load(self.row(index))
 
-    def _spec(self):
-        """The element_spec of the task's load (shapes and dtypes, found by tracing it once)."""
-        return tf.data.Dataset.range(1).map(lambda i: self.task.load(self.row(i))).element_spec
+    def paths(self, index) -> list:
+        """The image paths of row `index`."""
+        return [tf.gather(self.columns[column], index) for column in path_columns(self.table)]
 
 
 class SampledRecords:
@@ -86,4 +75,8 @@ class SampledRecords:
 
     def load(self, record):
         return self.task.load(record)
+
+    def paths(self, record) -> list:
+        """The image paths of a drawn record."""
+        return [record[key] for key in sorted(record) if key.startswith("path")]
 

@@ -8,17 +8,15 @@ a GIF ends with its trailer byte. So a file is checked by reading its first and
 last bytes (`problem`), once: the verdicts are kept per file, keyed by size and
 mtime, and only new or changed files are read again (`check_files`).
 
-The same two-ends check runs in the graph (`is_whole`), on the bytes the
-pipeline has read anyway, so a damaged file that was not checked up front
-(``pipeline.verify_images=false``) is dropped instead of stopping the run.
+A file that passes this check but does not decode, or one that was never
+checked (``pipeline.verify_images=false``), is left out by the pipeline when
+its decode fails, and listed in skipped.csv then (data/unreadable.py).
 """
 import hashlib
 import logging
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
-
-import tensorflow as tf
 
 from tf_harness.data import pickle_cache
 from tf_harness.data.samples import cache_home
@@ -107,25 +105,3 @@ def check_files(paths, workers=8):
     if stale:
         pickle_cache.write(records_file, {path: records[path] for path in paths})
     return {path: records[path][1] for path in paths if records[path][1] is not None}, len(stale)
-
-
-def is_whole(contents):
-    """The graph version of `problem`: whether image bytes look whole at both ends (a bool tensor).
-
-    It checks what `problem` checks, except a PNG's bit depth and colour type.
-    """
-    length = tf.strings.length(contents)
-    # The first 32 bytes, zero-padded so that short files can be sliced too (substr fails past the end).
-    head = tf.strings.join([tf.strings.substr(contents, 0, 32), b"\0" * 32])
-    tail = tf.io.decode_raw(tf.strings.substr(contents, tf.maximum(length - JPEG_TAIL, 0), JPEG_TAIL), tf.uint8)
-    size = tf.io.decode_raw(tf.strings.substr(head, 16, 8), tf.uint8)  # IHDR's width and height
-    png = tf.logical_and(tf.equal(tf.strings.substr(head, 0, 8), PNG_SIGNATURE),
-                         tf.equal(tf.strings.substr(head, 12, 4), b"IHDR"))
-    png = tf.logical_and(png, tf.logical_and(tf.reduce_any(size[:4] > 0), tf.reduce_any(size[4:] > 0)))
-    png_whole = tf.equal(tf.strings.substr(contents, tf.maximum(length - len(PNG_END), 0), len(PNG_END)), PNG_END)
-    jpeg = tf.equal(tf.strings.substr(head, 0, 3), JPEG_START)
-    jpeg_whole = tf.reduce_any(tf.logical_and(tf.equal(tail[:-1], 0xFF), tf.equal(tail[1:], 0xD9)))
-    known_other = tf.logical_or(tf.equal(tf.strings.substr(head, 0, 2), BMP_SIGNATURE),
-                                tf.reduce_any(tf.equal(tf.strings.substr(head, 0, 6), GIF_SIGNATURES)))
-    return tf.logical_and(length > 0, tf.logical_or(
-        tf.logical_or(tf.logical_and(png, png_whole), tf.logical_and(jpeg, jpeg_whole)), known_other))

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tf_harness.data import caching, task_from_config
-from tf_harness.data.errors import ConfigError
+from tf_harness.data import caching, task_from_config, unreadable
+from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import Pipeline, input_fn
 from tf_harness.data.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
@@ -92,7 +92,7 @@ def run(cfg):
     clock.lap("build")
     summaries = Summaries(str(model_dir), enabled=chief)
     summaries.hparams(cfg, spec.task, HydraConfig.get())
-    estimator = Estimator(cfg, task, pipeline, trainer, summaries, model_dir, tables,
+    estimator = Estimator(cfg, task, pipeline, trainer, summaries, model_dir, tables, skipped,
                           context=strategies.input_context(strategy), worker=None if chief else worker, clock=clock)
     if cfg.mode == "predict":
         estimator.predict()
@@ -106,13 +106,15 @@ def run(cfg):
 class Estimator:
     """Trains to a step budget, evaluates on an interval, checkpoints and resumes."""
 
-    def __init__(self, cfg, task, pipeline, trainer, summaries, model_dir, tables, context=None, worker=None,
+    def __init__(self, cfg, task, pipeline, trainer, summaries, model_dir, tables, skipped, context=None, worker=None,
                  clock=None):
-        """`context`: this worker's tf.distribute.InputContext for training input; `worker`: None on the
+        """`skipped`: the run's SkipLog, which grows by the image files that fail to decode mid-run;
+        `context`: this worker's tf.distribute.InputContext for training input; `worker`: None on the
         chief, a non-chief worker's index, whose files go to a scratch folder; `clock`: the start-up
         clock, whose line train() logs after its first step."""
         self.cfg, self.task, self.spec, self.pipeline, self.trainer = cfg, task, task.SPEC, pipeline, trainer
         self.summaries, self.model_dir, self.tables, self.context = summaries, model_dir, tables, context
+        self.skipped, self.reported = skipped, {path for path, _ in skipped.rows}
         self.chief, self.clock = worker is None, clock or StartupClock()
         # Every worker takes part in saving (the variables are synchronised), but only the chief's
         # copy is kept; the others save into a scratch folder and delete it.
@@ -121,6 +123,14 @@ class Estimator:
         self.eval_split = "validation"
         self.eval_data = self._input_fn(self.eval_split, training=False)
         self.last_values = {}  # the last evaluation's metrics
+        self._note_unreadable()  # what an earlier life of this run found
+
+    def _note_unreadable(self):
+        """Lists in skipped.csv the image files that the pipelines reported since the last call (data/unreadable.py)."""
+        rows = unreadable.collect(unreadable.report_folder(self.model_dir), self.reported)
+        if rows and self.chief:
+            self.skipped.extend(rows)
+            self.skipped.write(self.model_dir / "skipped.csv")
 
     def _input_fn(self, split, training):
         return input_fn(self.task, self.tables[split], self.pipeline, split=split, training=training,
@@ -200,9 +210,6 @@ class Estimator:
         target = cfg.trainer.train_steps
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
-        elif self.summaries.enabled:
-            self.summaries.inputs(*review.training_batch(self.task, self.tables["train"], self.pipeline,
-                                                         trainer.preprocess, step), self.spec, step)
         profiler = review.Profiler(cfg.trainer.profile_steps if self.chief else None, self.model_dir / "train")
         # Loops end on every log, checkpoint and evaluation step, so these land as they would step by step.
         intervals = [cfg.trainer.log_every, cfg.trainer.checkpoint_every]
@@ -210,6 +217,9 @@ class Estimator:
         window = []
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
         try:
+            if step < target and self.summaries.enabled:
+                self.summaries.inputs(*review.training_batch(self.task, self.tables["train"], self.pipeline,
+                                                             trainer.preprocess, step), self.spec, step)
             if evaluate and 0 < step < target and step % cfg.trainer.eval_every == 0 and not self._evaluated(step):
                 log.info("Redoing the evaluation at global step %d, which was interrupted", step)
                 self.evaluate()
@@ -235,6 +245,13 @@ class Estimator:
                     self._save_finite(manager, step)
                 log.warning("Interrupted at global step %d; saved a checkpoint to resume from", step)
             raise
+        except tf.errors.InvalidArgumentError as error:
+            if unreadable.FAILED_IN_A_ROW not in error.message:
+                raise
+            self._note_unreadable()
+            raise DatasetError(f"{unreadable.MAX_FAILED_IN_A_ROW} training {unreadable.FAILED_IN_A_ROW}, at global "
+                               f"step {trainer.step}: the image files are not what dataset={self.spec.name} reads "
+                               f"(listed in skipped.csv)") from None
         finally:
             profiler.close()
             progress.close()
@@ -293,6 +310,7 @@ class Estimator:
         if len(loops.logits):
             values.update(metrics.evaluate(self.spec.task, self.spec.class_names, loops.labels, loops.logits))
         self.summaries.scalars("train", values, step)
+        self._note_unreadable()
         # The window's pace (the first one includes the trace) over the steps still to go.
         target = self.cfg.trainer.train_steps
         log.info("step %d/%d: loss %.4f, %.1f examples/s, input_wait_fraction %.3f, ETA %s", step, target,
@@ -337,6 +355,7 @@ class Estimator:
                   **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
         if count == len(table):
             values.update(self.task.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
+        self._note_unreadable()  # skipped.csv lists the rows this evaluation could not count
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)
             self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
@@ -357,6 +376,7 @@ class Estimator:
         table = self.tables[split]
         # Every worker takes part: the steps are collective.
         logits, _, counted = self._outputs(self._input_fn(split, training=False), len(table))
+        self._note_unreadable()
         if not self.chief:
             return
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)

@@ -1,4 +1,5 @@
 """Image files checked at both ends, once per file, and damaged files kept out of runs that did not check them."""
+import csv
 import json
 import os
 import shutil
@@ -8,10 +9,11 @@ import pytest
 import tensorflow as tf
 
 from tf_harness.data.skipped import SkipLog
-from tf_harness.data.verification import check_files, is_whole, problem
-from tests.conftest import compose, make_input, run_cli, tables_of
+from tf_harness.data.verification import check_files, problem
+from tests.conftest import compose, convert_shards, make_input, run_cli, tables_of
 
 DAMAGED = ("00000001_001.png", "00000003_001.png")  # truncated, garbage
+DAMAGED_INSIDE = "00000005_002.png"  # both ends whole, compressed data broken
 
 
 def damaged_copies(tmp_path, real):
@@ -37,13 +39,13 @@ def test_the_check_tells_whole_real_images_from_damaged_copies(tmp_path, real):
     assert all(problem(path) is None for path in (real / "lfw").glob("*.jpg"))
 
 
-def test_the_graph_check_agrees_with_the_python_check_and_tf_fails_on_what_both_reject(tmp_path, real):
+def test_tensorflow_fails_on_what_the_check_rejects(tmp_path, real):
+    """The check stands for a decode: what it rejects does not decode (a PNG without IEND aside, which TensorFlow
+    reads), so leaving those files out up front loses nothing a run could have used."""
     for name, (path, whole) in damaged_copies(tmp_path, real).items():
-        contents = tf.io.read_file(str(path))
-        assert bool(is_whole(contents)) == whole, name
         if not whole and name != "png_no_iend":
             with pytest.raises(tf.errors.InvalidArgumentError):
-                tf.io.decode_image(contents, channels=1).numpy()
+                tf.io.decode_image(tf.io.read_file(str(path)), channels=1).numpy()
 
 
 def test_only_new_or_changed_files_are_read_again(tmp_path, real):
@@ -126,3 +128,100 @@ def test_an_unverified_run_with_damaged_files_trains_and_evaluates_to_the_end(da
     validation = tables_of(compose(*overrides))["validation"]
     whole = int((~validation.path.map(os.path.basename).isin(DAMAGED)).sum())
     assert json.loads((run_dir / "metrics.json").read_text())["examples"] == whole < len(validation)
+
+
+def damage_inside(path):
+    """Breaks 200 bytes a third of the way into a file, leaving both its ends whole."""
+    content = bytearray(path.read_bytes())
+    middle = len(content) // 3
+    content[middle:middle + 200] = bytes((byte * 7 + 13) % 256 for byte in content[middle:middle + 200])
+    path.write_bytes(bytes(content))
+
+
+@pytest.fixture
+def damaged_inside_tree(damaged_tree):
+    """damaged_tree, and one more PNG whose two ends are whole but whose middle does not decode."""
+    damage_inside(damaged_tree / "images" / DAMAGED_INSIDE)
+    return damaged_tree
+
+
+def test_a_file_damaged_inside_passes_the_check_and_fails_the_decode(damaged_inside_tree):
+    path = damaged_inside_tree / "images" / DAMAGED_INSIDE
+    assert problem(path) is None
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.io.decode_image(tf.io.read_file(str(path)), channels=1).numpy()
+
+
+def test_files_damaged_inside_are_left_out_and_reported_with_their_reason(damaged_inside_tree, tmp_path):
+    """Evaluation keeps every row in order, the one that does not decode with weight 0; training runs on without
+    it; both report the file, and collect names it with the decoder's reason."""
+    from tf_harness.data import unreadable
+    cfg = compose("dataset=chest_xray", f"dataset.root={damaged_inside_tree}", "pipeline.image_size=16",
+                  "pipeline.batch_size=4", "dataset.validation_fraction=0.5", "dataset.max_skipped_fraction=0.2")
+    tables = tables_of(cfg)
+    assert sum(len(table) for table in tables.values()) == 22  # the truncated and garbage files, left out up front
+    split = next(name for name, table in tables.items() if table.path.str.endswith(DAMAGED_INSIDE).any())
+    table, model_dir = tables[split], tmp_path / "run"
+    data = make_input(cfg, table, training=False, split=split, model_dir=model_dir)
+    weights = np.concatenate([batch_weights for _, _, batch_weights in data.as_numpy_iterator()])[:len(table)]
+    np.testing.assert_array_equal(weights, (~table.path.str.endswith(DAMAGED_INSIDE)).to_numpy().astype(np.float32))
+    known = set()
+    assert unreadable.collect(unreadable.report_folder(model_dir), known) == [
+        (str(damaged_inside_tree / "images" / DAMAGED_INSIDE), "undecodable image: damaged inside (Invalid PNG data, "
+                                                               f"size {(damaged_inside_tree / 'images' / DAMAGED_INSIDE).stat().st_size})")]
+    assert unreadable.collect(unreadable.report_folder(model_dir), known) == []  # reported once
+
+    shutil.rmtree(unreadable.report_folder(model_dir))
+    data = make_input(cfg, table, training=True, split=split, model_dir=model_dir)
+    batches = list(data.take(3 * len(table) // 4).as_numpy_iterator())  # about three epochs, no error
+    assert not any(image.max() == 0 for batch, _, _ in batches for image in batch)
+    assert [path for path, _ in unreadable.collect(unreadable.report_folder(model_dir), set())] == [
+        str(damaged_inside_tree / "images" / DAMAGED_INSIDE)]
+
+
+def test_training_stops_with_one_line_when_no_record_decodes(tmp_path, real):
+    """A load that fails on every record must not leave training waiting forever for a batch."""
+    from tf_harness.data import unreadable
+    cfg = compose("dataset=chest_xray", f"dataset.root={real / 'nih'}", "pipeline.image_size=16",
+                  "pipeline.batch_size=4", "dataset.max_skipped_fraction=0.6", "pipeline.verify_images=false")
+    table = tables_of(cfg)["train"]
+    table = table.assign(path=str(tmp_path / "absent.png"))
+    data = make_input(cfg, table, training=True, split="train")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{unreadable.MAX_FAILED_IN_A_ROW} "
+                                                              f"{unreadable.FAILED_IN_A_ROW}"):
+        next(iter(data))
+
+
+def test_a_run_lists_a_file_damaged_inside_in_skipped_and_evaluates_the_rest(damaged_inside_tree, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = ("dataset=chest_xray", f"dataset.root={damaged_inside_tree}", "dataset.validation_fraction=0.5",
+                 "dataset.max_skipped_fraction=0.2")
+    result = run_cli(*overrides, "model=semi_alexnet", "pipeline.image_size=16", "pipeline.batch_size=4",
+                     "trainer.train_steps=6", "trainer.eval_every=6", "trainer.log_every=2", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(run_dir / "skipped.csv") as f:
+        rows = {os.path.basename(row["path"]): row["reason"] for row in csv.DictReader(f)}
+    assert set(rows) == {*DAMAGED, DAMAGED_INSIDE}
+    assert rows[DAMAGED_INSIDE].startswith("undecodable image: damaged inside (Invalid PNG data")
+    validation = tables_of(compose(*overrides))["validation"]
+    whole = int((~validation.path.str.endswith(DAMAGED_INSIDE)).sum())
+    assert json.loads((run_dir / "metrics.json").read_text())["examples"] == whole
+
+
+def test_encoded_shards_of_a_file_damaged_inside_leave_it_out_and_name_it(damaged_inside_tree, tmp_path):
+    """`encoded` shards store the files' bytes as they are; the damaged one fails its decode when read, and the
+    report names the file it came from."""
+    from tf_harness.data import unreadable
+    cfg = compose("dataset=chest_xray", f"dataset.root={damaged_inside_tree}", "pipeline.image_size=16",
+                  "pipeline.batch_size=4", "dataset.validation_fraction=0.5", "dataset.max_skipped_fraction=0.2",
+                  "tfrecord.encoding=encoded", f"tfrecord.dir={tmp_path / 'shards'}")
+    convert_shards(cfg)
+    cfg.pipeline.source = "tfrecord"
+    tables = tables_of(cfg)
+    split = next(name for name, table in tables.items() if table.path.str.endswith(DAMAGED_INSIDE).any())
+    table, model_dir = tables[split], tmp_path / "run"
+    data = make_input(cfg, table, training=False, split=split, model_dir=model_dir)
+    weights = np.concatenate([batch_weights for _, _, batch_weights in data.as_numpy_iterator()])[:len(table)]
+    assert sorted(weights) == [0.0] + [1.0] * (len(table) - 1)  # the train split's shards are in shuffled order
+    rows = unreadable.collect(unreadable.report_folder(model_dir), set())
+    assert [path for path, _ in rows] == [str(damaged_inside_tree / "images" / DAMAGED_INSIDE)]

@@ -137,3 +137,9 @@ class TFRecordRecords:
         parsed = tf.io.parse_single_example(record[0], self.parse_spec)
         pixels = [self.task.decode_image(parsed[f"{prefix}/encoded"]) for prefix in self.prefixes]
         return self._element(pixels, tf.reshape(parsed[self.label_key], self.target[1].shape))
+
+    def paths(self, *record):
+        """The image files an encoded record was made from, which a failed decode names (data/unreadable.py)."""
+        parsed = tf.io.parse_single_example(record[0], {f"{prefix}/filename": tf.io.FixedLenFeature([], tf.string)
+                                                        for prefix in self.prefixes})
+        return [parsed[f"{prefix}/filename"] for prefix in self.prefixes]

@@ -1,0 +1,119 @@
+"""Image files that fail to read or decode mid-run: left out, never fatal, and listed in skipped.csv.
+
+The two-ends check (data/verification.py) finds truncated files and non-images up front, but a file
+whose two ends are whole can still be damaged inside (a bad disk block, a broken copy), and only a
+full decode finds that: about 9 ms of CPU per NIH PNG, 1,000 CPU-s for the whole set. So the decode
+itself is the check. `guard` runs each record's load in a one-element dataset of its own with
+`ignore_errors`, so that a load that fails gives a blank element of weight 0 instead of an error that
+ends the iterator. Evaluation keeps that row, counting for nothing, so table order holds; training
+leaves it out. The failing record's paths are written from the graph, one small file per record in
+the run's report folder, and the runner turns them into skipped.csv rows (`collect`), with the
+reason found on the host. No Python runs per example: only per failed one, on the host.
+"""
+import logging
+import os
+from pathlib import Path
+
+import tensorflow as tf
+
+from tf_harness.data.verification import problem
+
+log = logging.getLogger(__name__)
+
+# Training stops, naming this module's message, after this many failed records in a row: a load that
+# fails on every record (the wrong kind of files, a bug) would otherwise leave a filter waiting forever.
+MAX_FAILED_IN_A_ROW = 1000
+FAILED_IN_A_ROW = "records in a row failed to read or decode"
+
+
+def report_folder(model_dir) -> Path:
+    """Where a run's pipelines report the records they left out: a folder in the run directory."""
+    return Path(model_dir) / ".unreadable"
+
+
+def guard(load, paths, element_spec, report_dir=None):
+    """Wraps a record source's `load` so that it never raises.
+
+    Args:
+        load: record -> (features, label), graph ops.
+        paths: record -> list of the record's image paths (string scalars).
+        element_spec: what `load` makes (its element_spec), for the blank element.
+        report_dir: where a failed record's paths are written, one file per record; None: nowhere.
+
+    Returns:
+        record -> (features, label, weight): weight 1.0, or 0.0 with zeros when `load` failed.
+    """
+    blank = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), element_spec)
+
+    def report(record):
+        listed = tf.strings.reduce_join(tf.stack(paths(record)), separator="\n")
+        if report_dir is None:
+            return tf.constant(True)
+        # Named by the paths' hash: a file that fails every epoch is reported once.
+        name = tf.strings.as_string(tf.strings.to_hash_bucket_fast(listed, 2 ** 62))
+        tf.io.write_file(tf.strings.join([str(report_dir), "/", name, ".txt"]), listed)
+        return tf.constant(True)
+
+    def load_or_blank(record):
+        loaded = tf.data.Dataset.from_tensors(record).map(lambda r: (*load(r), tf.constant(1.0))).ignore_errors()
+        element = loaded.concatenate(tf.data.Dataset.from_tensors((*blank, tf.constant(0.0)))).take(1)
+        features, label, weight = element.get_single_element()
+        reported = tf.cond(weight > 0, lambda: tf.constant(False), lambda: report(record))
+        with tf.control_dependencies([reported]):
+            return features, label, tf.identity(weight)
+
+    return load_or_blank
+
+
+def drop_failed(data: tf.data.Dataset) -> tf.data.Dataset:
+    """Training: leaves out the records `guard` blanked (weight 0), and stops after MAX_FAILED_IN_A_ROW in a row."""
+    def count(in_a_row, element):
+        in_a_row = tf.where(element[2] > 0, tf.constant(0, tf.int64), in_a_row + 1)
+        check = tf.debugging.assert_less(in_a_row, tf.constant(MAX_FAILED_IN_A_ROW, tf.int64),
+                                         message=f"{MAX_FAILED_IN_A_ROW} {FAILED_IN_A_ROW}")
+        with tf.control_dependencies([check]):
+            return in_a_row, tf.nest.map_structure(tf.identity, element)
+
+    def loaded(features, label, weight):
+        return weight > 0
+
+    def unweighted(features, label, weight):
+        return features, label
+
+    data = data.scan(tf.constant(0, tf.int64), tf.autograph.experimental.do_not_convert(count))
+    return data.filter(tf.autograph.experimental.do_not_convert(loaded)).map(
+        tf.autograph.experimental.do_not_convert(unweighted))
+
+
+def _reason(path) -> str:
+    """Why the image file at `path` was left out, found again on the host."""
+    found = problem(path)
+    if found:
+        return f"undecodable image: {found}"
+    try:
+        tf.io.decode_image(tf.io.read_file(path), expand_animations=False).numpy()
+    except tf.errors.OpError as error:
+        # "{{function_node ...}} Invalid PNG data, size 223248 [Op:DecodeImage] name:" -> "Invalid PNG data, ..."
+        message = error.message.splitlines()[0].rpartition("}}")[2].partition(" [Op:")[0].strip()
+        return f"undecodable image: damaged inside ({message})"
+    return None
+
+
+def collect(report_dir, known) -> list:
+    """The (path, reason) rows for records reported in `report_dir` whose paths are not in `known`.
+
+    A record of several images (an LFW pair) lists each; the image that fails on the host is named, or
+    all of them, when none does again (a read that failed only for a while).
+    """
+    rows = []
+    try:
+        reports = sorted(os.scandir(report_dir), key=lambda entry: entry.name)
+    except FileNotFoundError:
+        return rows
+    for entry in reports:
+        paths = [path for path in Path(entry.path).read_text().splitlines() if path and path not in known]
+        reasons = [(path, _reason(path)) for path in paths]
+        failing = [(path, reason) for path, reason in reasons if reason]
+        rows += failing or [(path, "failed to read or decode during the run (reads whole now)") for path in paths]
+        known.update(paths)
+    return rows

@@ -101,34 +101,52 @@ def _element_bytes(element_spec) -> int:
 
 
 def _shuffled_records(source, data, pipeline, context):
-    """The source's records endlessly, each epoch whole and in a fresh order."""
+    """The source's records endlessly, each epoch whole and in a fresh order; and how many records the first
+    epoch holds exactly (None when epochs are not kept apart)."""
     if isinstance(source, TableRecords) and not pipeline.service:
         # Row numbers, each epoch one permutation: a perfect shuffle whose checkpoint is one small tensor.
         # Not under a tf.data service: its distributed_epoch mode splits the rows between workers, and would
         # hand each worker a whole epoch of permutations instead (a service-fed iterator is never saved).
-        return source.epochs(pipeline.seed, context)
+        return source.epochs(pipeline.seed, context), source.epoch_length(context)
     # Shuffle records, not decoded images, so the buffer is small; repeat after shuffle, so
     # each epoch is seen whole and reshuffled.
     return data.shuffle(pipeline.buffer(source.count, source.record_bytes), pipeline.seed,
-                        reshuffle_each_iteration=True).repeat()
+                        reshuffle_each_iteration=True).repeat(), None
 
 
-def _loaded(source, data, training, model_dir):
+def _loaded(source, data, model_dir, training, cached, first_epoch):
     """The expensive part: read, decode and resize each record, in parallel.
 
-    An image file that fails to read or decode gives weight 0 instead of ending the iterator, and is
-    reported for skipped.csv (data/unreadable.py): evaluation keeps its row, counting for nothing, and
-    training leaves it out. Raw TFRecord shards hold pixels that decoded when they were written.
+    Where every record must be decoded without fail, an image file that fails to read or decode gives
+    weight 0 instead of ending the iterator, and is reported for skipped.csv (data/unreadable.py):
+    evaluation keeps its row, counting for nothing, and training leaves it out. That guard costs
+    15-35% more CPU per image, so training pays it only while each file is decoded the first time: in
+    the first epoch of the table's rows (`first_epoch` records; what fails there is reported, and
+    later epochs just leave it out), or in the one pass that fills a cache. LFW's drawn pairs, TFRecord
+    shards and a tf.data service's stream leave such a file out with TensorFlow's warning in the log.
     """
     # A load is graph ops with Python control flow only on settings, so AutoGraph has nothing to
     # convert (and converting it cost a second).
     load = tf.autograph.experimental.do_not_convert(source.load)
+
+    def guarded(records):
+        spec = records.take(1).map(load).element_spec
+        report_dir = unreadable.report_folder(model_dir) if model_dir is not None else None
+        return records.map(unreadable.guard(load, source.paths, spec, report_dir), num_parallel_calls=AUTOTUNE)
+
+    def unguarded(records):
+        return records.map(load, num_parallel_calls=AUTOTUNE).ignore_errors(log_warning=True)
+
     if isinstance(source, TFRecordRecords) and source.raw:
-        return data.map(load, num_parallel_calls=AUTOTUNE)
-    spec = data.take(1).map(load).element_spec
-    report_dir = unreadable.report_folder(model_dir) if model_dir is not None else None
-    data = data.map(unreadable.guard(load, source.paths, spec, report_dir), num_parallel_calls=AUTOTUNE)
-    return unreadable.drop_failed(data) if training else data
+        return data.map(load, num_parallel_calls=AUTOTUNE)  # pixels, nothing to decode
+    if not training:
+        return guarded(data)
+    if cached:
+        return unreadable.drop_failed(guarded(data), source.count)
+    if first_epoch:
+        return unreadable.drop_failed(guarded(data.take(first_epoch)), first_epoch).concatenate(
+            unguarded(data.skip(first_epoch)))
+    return unguarded(data)
 
 
 def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
@@ -158,9 +176,10 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
 
     # This worker's share of the cheap records (paths and labels, or serialized examples).
     data = source.records(pipeline.seed, context)
+    first_epoch = None
     if training and not source.endless and not cached:
-        data = _shuffled_records(source, data, pipeline, context)
-    data = _loaded(source, data, training, model_dir)
+        data, first_epoch = _shuffled_records(source, data, pipeline, context)
+    data = _loaded(source, data, model_dir, training, cached, first_epoch)
     if cached:
         # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.
         data = caching.cache(data, pipeline.cache, Path(model_dir or "."), split)

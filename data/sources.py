@@ -48,6 +48,12 @@ class TableRecords:
         return tf.data.Dataset.counter().map(lambda epoch: tf.random.experimental.stateless_shuffle(
             rows, seed=tf.stack([tf.constant(seed, tf.int64), epoch]))).unbatch()
 
+    def epoch_length(self, context=None) -> int:
+        """How many rows one of `epochs`' epochs holds."""
+        if context is not None and context.num_input_pipelines > 1:
+            return len(range(context.input_pipeline_id, self.count, context.num_input_pipelines))
+        return self.count
+
     def row(self, index) -> dict:
         """The table's row `index` as a dict of scalar tensors (a list-valued label as a vector)."""
         return {column: tf.gather(values, index) for column, values in self.columns.items()}

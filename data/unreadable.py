@@ -20,8 +20,9 @@ from tf_harness.data.verification import problem
 
 log = logging.getLogger(__name__)
 
-# Training stops, naming this module's message, after this many failed records in a row: a load that
-# fails on every record (the wrong kind of files, a bug) would otherwise leave a filter waiting forever.
+# Training stops, naming this module's message, after this many failed records in a row (or a whole
+# guarded pass of fewer): a load that fails on every record (the wrong kind of files, a bug) would
+# otherwise leave a filter waiting forever.
 MAX_FAILED_IN_A_ROW = 1000
 FAILED_IN_A_ROW = "records in a row failed to read or decode"
 
@@ -65,12 +66,15 @@ def guard(load, paths, element_spec, report_dir=None):
     return load_or_blank
 
 
-def drop_failed(data: tf.data.Dataset) -> tf.data.Dataset:
-    """Training: leaves out the records `guard` blanked (weight 0), and stops after MAX_FAILED_IN_A_ROW in a row."""
+def drop_failed(data: tf.data.Dataset, records: int) -> tf.data.Dataset:
+    """Training: leaves out the records `guard` blanked (weight 0) of a pass of `records`; stops when
+    MAX_FAILED_IN_A_ROW in a row, or all of them, failed."""
+    limit = min(MAX_FAILED_IN_A_ROW, records)
+
     def count(in_a_row, element):
         in_a_row = tf.where(element[2] > 0, tf.constant(0, tf.int64), in_a_row + 1)
-        check = tf.debugging.assert_less(in_a_row, tf.constant(MAX_FAILED_IN_A_ROW, tf.int64),
-                                         message=f"{MAX_FAILED_IN_A_ROW} {FAILED_IN_A_ROW}")
+        check = tf.debugging.assert_less(in_a_row, tf.constant(limit, tf.int64),
+                                         message=f"{limit} {FAILED_IN_A_ROW}")
         with tf.control_dependencies([check]):
             return in_a_row, tf.nest.map_structure(tf.identity, element)
 

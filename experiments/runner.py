@@ -6,6 +6,7 @@ evaluate or predict).
 """
 import functools
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -249,9 +250,9 @@ class Estimator:
             if unreadable.FAILED_IN_A_ROW not in error.message:
                 raise
             self._note_unreadable()
-            raise DatasetError(f"{unreadable.MAX_FAILED_IN_A_ROW} training {unreadable.FAILED_IN_A_ROW}, at global "
-                               f"step {trainer.step}: the image files are not what dataset={self.spec.name} reads "
-                               f"(listed in skipped.csv)") from None
+            count = re.search(rf"(\d+) {unreadable.FAILED_IN_A_ROW}", error.message).group(1)
+            raise DatasetError(f"{count} training {unreadable.FAILED_IN_A_ROW}, at global step {trainer.step}: the "
+                               f"image files are not what dataset={self.spec.name} reads (listed in skipped.csv)") from None
         finally:
             profiler.close()
             progress.close()

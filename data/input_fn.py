@@ -119,10 +119,10 @@ def _loaded(source, data, model_dir, training, cached, first_epoch):
 
     Where every record must be decoded without fail, an image file that fails to read or decode gives
     weight 0 instead of ending the iterator, and is reported for skipped.csv (data/unreadable.py):
-    evaluation keeps its row, counting for nothing, and training leaves it out. That guard costs
-    15-35% more CPU per image, so training pays it only while each file is decoded the first time: in
-    the first epoch of the table's rows (`first_epoch` records; what fails there is reported, and
-    later epochs just leave it out), or in the one pass that fills a cache. LFW's drawn pairs, TFRecord
+    evaluation keeps its row, counting for nothing, and training leaves it out. That guard costs up to
+    a third more CPU per image (benchmarks/guard_cost.py), so training pays it only while each file is
+    decoded the first time: in the first epoch of the table's rows (`first_epoch` records; what fails
+    there is reported, and later epochs just leave it out), or in the one pass that fills a cache. LFW's drawn pairs, TFRecord
     shards and a tf.data service's stream leave such a file out with TensorFlow's warning in the log.
     """
     # A load is graph ops with Python control flow only on settings, so AutoGraph has nothing to

@@ -251,8 +251,9 @@ class Estimator:
                 raise
             self._note_unreadable()
             count = re.search(rf"(\d+) {unreadable.FAILED_IN_A_ROW}", error.message).group(1)
-            raise DatasetError(f"{count} training {unreadable.FAILED_IN_A_ROW}, at global step {trainer.step}: the "
-                               f"image files are not what dataset={self.spec.name} reads (listed in skipped.csv)") from None
+            raise DatasetError(f"{count} training {unreadable.FAILED_IN_A_ROW}, at global step {trainer.step}: "
+                               f"the image files are not what dataset={self.spec.name} reads (listed in "
+                               f"skipped.csv)") from None
         finally:
             profiler.close()
             progress.close()

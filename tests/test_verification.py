@@ -166,9 +166,9 @@ def test_files_damaged_inside_are_left_out_and_reported_with_their_reason(damage
     weights = np.concatenate([batch_weights for _, _, batch_weights in data.as_numpy_iterator()])[:len(table)]
     np.testing.assert_array_equal(weights, (~table.path.str.endswith(DAMAGED_INSIDE)).to_numpy().astype(np.float32))
     known = set()
+    damaged = damaged_inside_tree / "images" / DAMAGED_INSIDE
     assert unreadable.collect(unreadable.report_folder(model_dir), known) == [
-        (str(damaged_inside_tree / "images" / DAMAGED_INSIDE), "undecodable image: damaged inside (Invalid PNG data, "
-                                                               f"size {(damaged_inside_tree / 'images' / DAMAGED_INSIDE).stat().st_size})")]
+        (str(damaged), f"undecodable image: damaged inside (Invalid PNG data, size {damaged.stat().st_size})")]
     assert unreadable.collect(unreadable.report_folder(model_dir), known) == []  # reported once
 
     shutil.rmtree(unreadable.report_folder(model_dir))

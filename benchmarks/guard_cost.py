@@ -36,8 +36,7 @@ def pipeline(records, source, guarded):
 
     load = tf.autograph.experimental.do_not_convert(source.load)
     if guarded:
-        spec = records.take(1).map(load).element_spec
-        data = records.map(unreadable.guard(load, source.paths, spec), num_parallel_calls=AUTOTUNE)
+        data = records.map(unreadable.guard(load, source.paths), num_parallel_calls=AUTOTUNE)
     else:
         data = records.map(load, num_parallel_calls=AUTOTUNE)
     return data.batch(BATCH).prefetch(AUTOTUNE)

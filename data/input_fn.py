@@ -130,9 +130,8 @@ def _loaded(source, data, model_dir, training, cached, first_epoch):
     load = tf.autograph.experimental.do_not_convert(source.load)
 
     def guarded(records):
-        spec = records.take(1).map(load).element_spec
         report_dir = unreadable.report_folder(model_dir) if model_dir is not None else None
-        return records.map(unreadable.guard(load, source.paths, spec, report_dir), num_parallel_calls=AUTOTUNE)
+        return records.map(unreadable.guard(load, source.paths, report_dir), num_parallel_calls=AUTOTUNE)
 
     def unguarded(records):
         return records.map(load, num_parallel_calls=AUTOTUNE).ignore_errors(log_warning=True)

@@ -32,20 +32,17 @@ def report_folder(model_dir) -> Path:
     return Path(model_dir) / ".unreadable"
 
 
-def guard(load, paths, element_spec, report_dir=None):
+def guard(load, paths, report_dir=None):
     """Wraps a record source's `load` so that it never raises.
 
     Args:
         load: record -> (features, label), graph ops.
         paths: record -> list of the record's image paths (string scalars).
-        element_spec: what `load` makes (its element_spec), for the blank element.
         report_dir: where a failed record's paths are written, one file per record; None: nowhere.
 
     Returns:
         record -> (features, label, weight): weight 1.0, or 0.0 with zeros when `load` failed.
     """
-    blank = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), element_spec)
-
     def report(record):
         listed = tf.strings.reduce_join(tf.stack(paths(record)), separator="\n")
         if report_dir is None:
@@ -56,8 +53,10 @@ def guard(load, paths, element_spec, report_dir=None):
         return tf.constant(True)
 
     def load_or_blank(record):
-        loaded = tf.data.Dataset.from_tensors(record).map(lambda r: (*load(r), tf.constant(1.0))).ignore_errors()
-        element = loaded.concatenate(tf.data.Dataset.from_tensors((*blank, tf.constant(0.0)))).take(1)
+        loaded = tf.data.Dataset.from_tensors(record).map(lambda r: (*load(r), tf.constant(1.0)))
+        blank = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), loaded.element_spec)
+        blank = blank[:-1] + (tf.constant(0.0),)
+        element = loaded.ignore_errors().concatenate(tf.data.Dataset.from_tensors(blank)).take(1)
         features, label, weight = element.get_single_element()
         reported = tf.cond(weight > 0, lambda: tf.constant(False), lambda: report(record))
         with tf.control_dependencies([reported]):

@@ -113,12 +113,12 @@ def resize(image, size):
     windows it took as much CPU as the JPEG decode. So:
 
     - an image at least 8x the size (X-rays at 64-128px) is first brought to twice the size by a plain
-      bilinear resize, much cheaper, and then antialiased: per core, decode and resize at 0.96 of a
-      plain decode + bilinear resize, within 0.7 levels of the direct antialiased resize on average;
+      bilinear resize, much cheaper, and then antialiased;
     - any other shrink averages each output pixel's footprint (``area``, an exact box filter, about as
-      cheap as bilinear): X-rays at 224px decode and resize at 0.92-1.0 of the plain decode + bilinear,
-      within 0.4 levels of the direct antialiased resize; LFW's windows at 48px resize 1.6-1.8x faster
-      per CPU-second, within 0.9 levels of it (area at 64px would differ by 1.0 and gain nothing);
+      cheap as bilinear). With the PNG decode, the real NIH X-rays at 224px then take 0.89 (0.86-1.01)
+      of a plain decode + bilinear resize's images per CPU-second, where the pre-shrink and antialiasing
+      took 0.83 (benchmarks/resize_cost.py). Area at 64px would move the X-rays' pixels by 1.0 level on
+      average from the direct antialiased resize (the other branch: 0.7) and save nothing;
     - enlarging (LFW at 224px) is plain bilinear: antialiasing changes no pixel there.
 
     tests/test_images.py bounds the differences from the direct antialiased resize.

@@ -8,17 +8,16 @@ itself is the check. `guard` runs each record's load in a one-element dataset of
 ends the iterator. Evaluation keeps that row, counting for nothing, so table order holds; training
 leaves it out. The failing record's paths are written from the graph, one small file per record in
 the run's report folder, and the runner turns them into skipped.csv rows (`collect`), with the
-reason found on the host. No Python runs per example: only per failed one, on the host.
+reason found on the host. No Python runs per example: only per failed one, on the host. The guard
+costs CPU, so input_fn uses it where every record must decode (evaluation) and, in training, for
+each file's first decode only (data/input_fn.py, `_loaded`).
 """
-import logging
 import os
 from pathlib import Path
 
 import tensorflow as tf
 
 from tf_harness.data.verification import problem
-
-log = logging.getLogger(__name__)
 
 # Training stops, naming this module's message, after this many failed records in a row (or a whole
 # guarded pass of fewer): a load that fails on every record (the wrong kind of files, a bug) would

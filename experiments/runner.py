@@ -247,13 +247,12 @@ class Estimator:
                 log.warning("Interrupted at global step %d; saved a checkpoint to resume from", step)
             raise
         except tf.errors.InvalidArgumentError as error:
-            if unreadable.FAILED_IN_A_ROW not in error.message:
+            failed = re.search(rf"(\d+ {unreadable.FAILED_IN_A_ROW})", error.message)
+            if failed is None:
                 raise
             self._note_unreadable()
-            count = re.search(rf"(\d+) {unreadable.FAILED_IN_A_ROW}", error.message).group(1)
-            raise DatasetError(f"{count} training {unreadable.FAILED_IN_A_ROW}, at global step {trainer.step}: "
-                               f"the image files are not what dataset={self.spec.name} reads (listed in "
-                               f"skipped.csv)") from None
+            raise DatasetError(f"{failed.group(1)} in training, at global step {trainer.step}: the image files "
+                               f"are not what dataset={self.spec.name} reads (listed in skipped.csv)") from None
         finally:
             profiler.close()
             progress.close()

@@ -224,3 +224,15 @@ def test_encoded_shards_of_a_file_damaged_inside_leave_it_out_and_name_it(damage
     assert sorted(weights) == [0.0] + [1.0] * (len(table) - 1)  # the train split's shards are in shuffled order
     rows = unreadable.collect(unreadable.report_folder(model_dir), set())
     assert [path for path, _ in rows] == [str(damaged_inside_tree / "images" / DAMAGED_INSIDE)]
+
+
+def test_a_run_on_files_that_never_decode_stops_with_one_line(damaged_tree, tmp_path):
+    for png in (damaged_tree / "images").iterdir():
+        png.write_bytes(os.urandom(3000))
+    result = run_cli("dataset=chest_xray", f"dataset.root={damaged_tree}", "pipeline.verify_images=false",
+                     "model=semi_alexnet", "pipeline.image_size=16", "pipeline.batch_size=4", "trainer.train_steps=2",
+                     f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "records in a row failed to read or decode in training" in lines[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr

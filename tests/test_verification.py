@@ -234,5 +234,6 @@ def test_a_run_on_files_that_never_decode_stops_with_one_line(damaged_tree, tmp_
                      f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "records in a row failed to read or decode in training" in lines[0], result.stderr[-3000:]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "records in a row failed to read or decode in training" in lines[0]
     assert "Traceback" not in result.stderr

@@ -21,7 +21,7 @@ AUTOTUNE = tf.data.AUTOTUNE
 BATCH = 64
 
 
-def records_and_load(cfg, table):
+def records_and_source(cfg, table):
     """The training records (drawn pairs for LFW, else row numbers) and the source they load through."""
     from tf_harness.data import task_from_config
     from tf_harness.data.input_fn import record_source
@@ -61,7 +61,7 @@ def main():
     for name in args.datasets.split(","):
         cfg = compose_cfg(name, BATCH, None)
         info = describe(cfg)
-        records, source = records_and_load(cfg, info.table)
+        records, source = records_and_source(cfg, info.table)
         per_example = 2 if info.spec.paired else 1
         rates = {False: [], True: []}
         for round_number in range(args.rounds):

@@ -43,9 +43,9 @@ def guard(load, paths, report_dir=None):
         record -> (features, label, weight): weight 1.0, or 0.0 with zeros when `load` failed.
     """
     def report(record):
-        listed = tf.strings.reduce_join(tf.stack(paths(record)), separator="\n")
         if report_dir is None:
             return tf.constant(True)
+        listed = tf.strings.reduce_join(tf.stack(paths(record)), separator="\n")
         # Named by the paths' hash: a file that fails every epoch is reported once.
         name = tf.strings.as_string(tf.strings.to_hash_bucket_fast(listed, 2 ** 62))
         tf.io.write_file(tf.strings.join([str(report_dir), "/", name, ".txt"]), listed)

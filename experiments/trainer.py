@@ -113,7 +113,6 @@ class Trainer:
         self.train_step = tf.function(self._train_step)
         self._loop = tf.function(self._train_loop)
         self.eval_step = _CheckedEvalStep(tf.function(self._eval_step), self)
-        self._all_finite = tf.function(self._variables_finite)
 
     def _per_replica(self, batch):
         if self.replicas == 1:
@@ -256,13 +255,14 @@ class Trainer:
         loss, logits = self.strategy.run(replica_step, args=self._per_replica((features, labels, weights)))
         return self.strategy.reduce("SUM", loss, axis=None), self._gather(logits)
 
-    def _variables_finite(self):
-        variables = [v for v in self.model.variables + self.optimizer.variables if _is_float(v)]
-        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v.value)) for v in variables])
-
     def all_finite(self) -> bool:
-        """Whether every float variable of the model and the optimizer is finite."""
-        return bool(self._all_finite())
+        """Whether every float variable of the model and the optimizer is finite.
+
+        Checked on the host, as a checkpoint save reads them anyway: 0.1 CPU-s for ResNet-v2-152 and
+        Adam (175M values), where a traced check cost 3.7 CPU-s to trace at the first save.
+        """
+        variables = [v for v in self.model.variables + self.optimizer.variables if _is_float(v)]
+        return all(np.isfinite(v.numpy()).all() for v in variables)
 
     def checkpoint(self, iterator=None) -> tf.train.Checkpoint:
         """What a checkpoint holds: model, optimizer, global step, random state and, when given, the input iterator.

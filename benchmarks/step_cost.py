@@ -2,6 +2,7 @@
 """What the trainer's traced train step costs over a minimal Keras train step on the same model and batches.
 
     python benchmarks/step_cost.py [--dataset chest_xray] [--steps 10] [--rounds 3] [--loops 1,10]
+    python benchmarks/step_cost.py --first-calls 3 [--dataset chest_xray] [--loops 10]
 
 Rows, each timed after its trace and warm-up (start-up and tracing left out):
 - keras: the yardstick, written here independently of experiments/: one plain tf.function
@@ -19,11 +20,17 @@ every row alike. Reported per row (medians over rounds): steps/s, images per CPU
 this process (os.times: every thread of TensorFlow's pools), and the median per-round ratio
 of the row's time per step to the yardstick's, with its spread (min–max over rounds). The
 1-minute load average is printed before and after.
+
+With --first-calls N, it times start-up instead: each row's first call of one step (loop
+rows: one loop), trace and graph optimization included, each in a fresh process of its own,
+so no row inherits another's warm caches; N paired rounds, the order rotated every round.
 """
 import argparse
+import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -111,8 +118,36 @@ def measure(run, steps):
     return seconds, (after.user - times.user) + (after.system - times.system)
 
 
-def spread(ratios):
-    return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
+def first_call(dataset, name, loops):
+    """In this process: the first call of one step (loop rows: one loop of N) of row `name`."""
+    _, trainer, yardstick, iterator, _ = build(dataset)
+    run = rows(trainer, yardstick, iterator, loops)[name]
+    seconds, cpu = measure(run, int(name.split()[1]) if name.startswith("loop") else 1)
+    print(json.dumps({"seconds": seconds, "cpu": cpu}))
+
+
+def first_calls(args, loops):
+    """Paired rounds of first calls, one fresh process per row and round; the table of CPU-seconds."""
+    names = ["keras", "step", *(f"loop {n}" for n in loops)]
+    results = {name: [] for name in names}
+    for number in range(args.first_calls):
+        shift = number % len(names)
+        for name in names[shift:] + names[:shift]:
+            out = subprocess.run([sys.executable, __file__, "--dataset", args.dataset, "--loops", args.loops,
+                                  "--first-of", name], check=True, capture_output=True, text=True).stdout
+            results[name].append(json.loads(out.strip().splitlines()[-1]))
+            print(f"round {number + 1}, {name}: {results[name][-1]['cpu']:.1f} CPU-s", flush=True)
+    print(f"\n{args.dataset}: first calls, {args.first_calls} rounds\n"
+          "| row | seconds | CPU-s (min–max) | CPU-s ÷ keras (min–max) |\n|---|---|---|---|")
+    for name in names:
+        cpu = [run["cpu"] for run in results[name]]
+        ratios = [run["cpu"] / base["cpu"] for run, base in zip(results[name], results["keras"])]
+        print(f"| {name} | {statistics.median(run['seconds'] for run in results[name]):.1f} | "
+              f"{spread(cpu, 1)} | {spread(ratios)} |")
+
+
+def spread(values, digits=3):
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
 def main():
@@ -121,11 +156,19 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help="steps per row and round")
     parser.add_argument("--rounds", type=int, default=3, help="0: only the first calls (the traces)")
     parser.add_argument("--loops", default="1,10", help="train_loop lengths to time")
+    parser.add_argument("--first-calls", type=int, default=0, help="rounds of start-up timing instead")
+    parser.add_argument("--first-of", help=argparse.SUPPRESS)  # a --first-calls child: the row to time
     args = parser.parse_args()
     loops = [int(n) for n in args.loops.split(",")]
+    if args.first_of:
+        return first_call(args.dataset, args.first_of, loops)
     steps = max(loops) * max(1, args.steps // max(loops))  # whole loops of every length
     print("command: python benchmarks/step_cost.py " + shlex.join(sys.argv[1:]))
     print(f"load average (1 min) before: {os.getloadavg()[0]:.2f}; cores: {len(os.sched_getaffinity(0))}")
+    if args.first_calls:
+        first_calls(args, loops)
+        print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
+        return None
     cfg, trainer, yardstick, iterator, images_per_example = build(args.dataset)
     timed = rows(trainer, yardstick, iterator, loops)
     for name, run in timed.items():

@@ -18,6 +18,8 @@ import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from tf_harness.data import pickle_cache
 from tf_harness.data.samples import cache_home
 
@@ -33,7 +35,7 @@ JPEG_TAIL = 64
 _PNG_COLOUR_TYPES = {0, 2, 3, 4, 6}
 _CHUNK = 500
 # Bump when `problem` changes, so every file is checked again.
-VERSION = 1
+VERSION = 2
 
 
 def _png_problem(head, tail):
@@ -77,31 +79,60 @@ def _records_file(paths):
     return cache_home() / "verified" / f"files-{digest}.pkl"
 
 
-def _stat(path):
-    try:
-        stat = os.stat(path)
-        return stat.st_size, stat.st_mtime_ns
-    except OSError:
-        return None
+def _stats(paths):
+    """(size, mtime_ns) of each of `paths`, (-1, -1) where it cannot be read, as an int64 array."""
+    def stat(path):
+        try:
+            stat = os.stat(path)
+            return stat.st_size, stat.st_mtime_ns
+        except OSError:
+            return -1, -1
+
+    # In one thread: 112,120 stats take about 0.35 s, and 0.8 s spread over 8 (the GIL between short calls).
+    return np.array([stat(path) for path in paths], dtype=np.int64).reshape(-1, 2)
+
+
+def _known_keys(records, paths):
+    """The (size, mtime_ns) each of `paths` had when last checked; (-2, -2) for one never checked."""
+    if records["paths"] == paths:  # the usual warm start: the same files, compared in one go
+        return records["keys"]
+    row = {path: number for number, path in enumerate(records["paths"])}
+    known = np.full((len(paths), 2), -2, dtype=np.int64)
+    found = [(number, row[path]) for number, path in enumerate(paths) if path in row]
+    if found:
+        now, then = np.array(found).T
+        known[now] = records["keys"][then]
+    return known
 
 
 def check_files(paths, workers=8):
     """Checks the image files among `paths` that are new or changed since they were last checked.
+
+    The verdicts are kept as the sorted paths, an array of their (size, mtime) keys and the problems
+    found, so that a warm start of 112,120 files loads and compares them in a few array operations.
 
     Returns:
         ({path: problem} for every file that is not whole, the number of files read this time).
     """
     paths = sorted(set(paths))
     records_file = _records_file(paths)
-    records = pickle_cache.read(records_file, {})
-    keys = {path: _stat(path) for path in paths}  # 112,120 stats take about 0.3 s
-    stale = [path for path in paths if keys[path] is None or records.get(path, (None,))[0] != keys[path]]
+    records = pickle_cache.read(records_file, None) or {"paths": [], "keys": np.zeros((0, 2), np.int64),
+                                                        "problems": {}}
+    keys = _stats(paths)
+    changed = (keys != _known_keys(records, paths)).any(axis=1) | (keys[:, 0] < 0)
+    stale = [path for path, is_stale in zip(paths, changed) if is_stale]
+    problems = records["problems"]
+    if records["paths"] != paths:  # forget the files that are gone
+        present = set(paths)
+        problems = {path: problem for path, problem in problems.items() if path in present}
     # Reads release the GIL, and a cold disk wants many in flight; chunks keep the pool's cost per file small.
     chunks = [stale[start:start + _CHUNK] for start in range(0, len(stale), _CHUNK)]
     with ThreadPoolExecutor(workers) as pool:
         for chunk, verdicts in zip(chunks, pool.map(lambda chunk: [problem(path) for path in chunk], chunks)):
             for path, verdict in zip(chunk, verdicts):
-                records[path] = (keys[path], verdict)
-    if stale:
-        pickle_cache.write(records_file, {path: records[path] for path in paths})
-    return {path: records[path][1] for path in paths if records[path][1] is not None}, len(stale)
+                problems.pop(path, None)
+                if verdict is not None:
+                    problems[path] = verdict
+    if stale or records["paths"] != paths:
+        pickle_cache.write(records_file, {"paths": paths, "keys": keys, "problems": problems})
+    return problems, len(stale)

@@ -65,6 +65,10 @@ def test_only_new_or_changed_files_are_read_again(tmp_path, real):
     bad, checked = check_files(paths + [str(added)])
     assert checked == 1 and bad == {str(changed): "truncated PNG (no IEND chunk at the end)",
                                     str(added): "not a PNG, JPEG, GIF or BMP file"}
+    shutil.copy(real / "nih" / "images" / changed.name, changed)  # mended: its verdict goes
+    os.utime(changed, ns=(2, 2))
+    assert check_files(paths + [str(added)]) == ({str(added): "not a PNG, JPEG, GIF or BMP file"}, 1)
+    assert check_files(paths) == ({}, 0)  # a file left out is forgotten, with its verdict
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 """What the trainer's traced train step costs over a minimal Keras train step on the same model and batches.
 
     python benchmarks/step_cost.py [--dataset chest_xray] [--steps 10] [--rounds 3] [--loops 1,10]
-    python benchmarks/step_cost.py --first-calls 3 [--dataset chest_xray] [--loops 10]
+    python benchmarks/step_cost.py --first-calls 3 [--dataset chest_xray] [--loops 1]
 
 Rows, each timed after its trace and warm-up (start-up and tracing left out):
 - keras: the yardstick, written here independently of experiments/: one plain tf.function

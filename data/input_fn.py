@@ -122,8 +122,9 @@ def _loaded(source, data, model_dir, training, cached, first_epoch):
     evaluation keeps its row, counting for nothing, and training leaves it out. That guard costs up to
     a third more CPU per image (benchmarks/guard_cost.py), so training pays it only while each file is
     decoded the first time: in the first epoch of the table's rows (`first_epoch` records; what fails
-    there is reported, and later epochs just leave it out), or in the one pass that fills a cache. LFW's drawn pairs, TFRecord
-    shards and a tf.data service's stream leave such a file out with TensorFlow's warning in the log.
+    there is reported, and later epochs just leave it out), or in the one pass that fills a cache.
+    LFW's drawn pairs, TFRecord shards and a tf.data service's stream leave such a file out with
+    TensorFlow's warning in the log.
     """
     # A load is graph ops with Python control flow only on settings, so AutoGraph has nothing to
     # convert (and converting it cost a second).

@@ -93,9 +93,8 @@ def _stats(paths):
 
 
 def _known_keys(records, paths):
-    """The (size, mtime_ns) each of `paths` had when last checked; (-2, -2) for one never checked."""
-    if records["paths"] == paths:  # the usual warm start: the same files, compared in one go
-        return records["keys"]
+    """The (size, mtime_ns) each of `paths` (other files than `records` holds) had when last checked;
+    (-2, -2) for one never checked."""
     row = {path: number for number, path in enumerate(records["paths"])}
     known = np.full((len(paths), 2), -2, dtype=np.int64)
     found = [(number, row[path]) for number, path in enumerate(paths) if path in row]
@@ -119,10 +118,12 @@ def check_files(paths, workers=8):
     records = pickle_cache.read(records_file, None) or {"paths": [], "keys": np.zeros((0, 2), np.int64),
                                                         "problems": {}}
     keys = _stats(paths)
-    changed = (keys != _known_keys(records, paths)).any(axis=1) | (keys[:, 0] < 0)
+    same_files = records["paths"] == paths  # the usual warm start: the keys compare in one go
+    known = records["keys"] if same_files else _known_keys(records, paths)
+    changed = (keys != known).any(axis=1) | (keys[:, 0] < 0)
     stale = [path for path, is_stale in zip(paths, changed) if is_stale]
     problems = records["problems"]
-    if records["paths"] != paths:  # forget the files that are gone
+    if not same_files:  # forget the files that are gone
         present = set(paths)
         problems = {path: problem for path, problem in problems.items() if path in present}
     # Reads release the GIL, and a cold disk wants many in flight; chunks keep the pool's cost per file small.
@@ -133,6 +134,6 @@ def check_files(paths, workers=8):
                 problems.pop(path, None)
                 if verdict is not None:
                     problems[path] = verdict
-    if stale or records["paths"] != paths:
+    if stale or not same_files:
         pickle_cache.write(records_file, {"paths": paths, "keys": keys, "problems": problems})
     return problems, len(stale)

@@ -13,6 +13,7 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import tensorflow as tf
 from sklearn.model_selection import GroupShuffleSplit
@@ -37,20 +38,32 @@ METADATA_FILES = ("Data_Entry_2017_v2020.csv", "Data_Entry_2017.csv", "sample_la
 # Positions shared by all variants (their header names differ).
 COLUMNS = ("image", "findings", "follow_up", "patient_id", "patient_age", "patient_sex", "view_position")
 # Bump when read_metadata's output changes, so cached tables are parsed again.
-METADATA_VERSION = 1
+METADATA_VERSION = 2
 _AGE_UNITS = {"Y": 1.0, "M": 1 / 12, "W": 1 / 52, "D": 1 / 365}
 
 
 def list_tree(root: Path):
     """One walk of `root`: {PNG name: path}, and the metadata CSVs found by name."""
     images, metadata = {}, {}
-    # Kaggle's images_001/ ... folders are often symlinked in from other disks.
-    for directory, _, names in os.walk(root, followlinks=True):
-        for name in names:
-            if name.endswith(".png"):
-                images.setdefault(name, os.path.join(directory, name))
-            elif name.endswith(".csv") and (name.startswith("Data_Entry_2017") or name.startswith("sample_labels")):
-                metadata.setdefault(name, Path(directory, name))
+
+    def walk(directory):
+        # os.walk's top-down order, from scandir's entries: their paths come ready, where joining
+        # 112,120 names took a third of a warm index. Symlinked folders are followed: Kaggle's
+        # images_001/ ... folders are often linked in from other disks.
+        folders = []
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.endswith(".png"):
+                    images.setdefault(name, entry.path)
+                elif entry.is_dir():
+                    folders.append(entry.path)
+                elif name.endswith(".csv") and (name.startswith("Data_Entry_2017") or name.startswith("sample_labels")):
+                    metadata.setdefault(name, Path(entry.path))
+        for folder in folders:
+            walk(folder)
+
+    walk(str(root))
     return images, metadata
 
 
@@ -72,11 +85,14 @@ def cached_metadata(csv_path: Path, skipped) -> pd.DataFrame:
     cached = pickle_cache.read(cache)
     if cached is None:
         parsed = SkipLog()
-        cached = read_metadata(csv_path, parsed), parsed.rows
+        table = read_metadata(csv_path, parsed)
+        # The labels as one array: unpickling 112,120 lists took 0.25 s, the array and tolist() 0.07 s.
+        labels = np.array(table.label.tolist(), np.uint8).reshape(len(table), len(FINDINGS))
+        cached = table.drop(columns="label"), labels, parsed.rows
         pickle_cache.write(cache, cached)
-    table, rows = cached
+    table, labels, rows = cached
     skipped.extend(rows)
-    return table
+    return table.assign(label=labels.tolist())
 
 
 def parse_age(value) -> float:
@@ -176,7 +192,7 @@ class ChestXray(Task):
         root = Path(root)
         files, metadata = list_tree(root)
         csv_path = find_metadata(root, metadata)
-        table = cached_metadata(csv_path, skipped).copy()
+        table = cached_metadata(csv_path, skipped)
         table["path"] = table.image.map(files)
         missing = table.path.isna()
         for image in table.image[missing]:

@@ -101,8 +101,8 @@ def _element_bytes(element_spec) -> int:
 
 
 def _shuffled_records(source, data, pipeline, context):
-    """The source's records endlessly, each epoch whole and in a fresh order; and how many records the first
-    epoch holds exactly (None when epochs are not kept apart)."""
+    """The source's records endlessly, each epoch whole and in a fresh order; and how many records the
+    first epoch holds: this input pipeline's share of the split."""
     if isinstance(source, TableRecords) and not pipeline.service:
         # Row numbers, each epoch one permutation: a perfect shuffle whose checkpoint is one small tensor.
         # Not under a tf.data service: its distributed_epoch mode splits the rows between workers, and would
@@ -111,28 +111,25 @@ def _shuffled_records(source, data, pipeline, context):
     # Shuffle records, not decoded images, so the buffer is small; repeat after shuffle, so
     # each epoch is seen whole and reshuffled.
     return data.shuffle(pipeline.buffer(source.count, source.record_bytes), pipeline.seed,
-                        reshuffle_each_iteration=True).repeat(), None
+                        reshuffle_each_iteration=True).repeat(), source.epoch_length(context)
 
 
-def _loaded(source, data, model_dir, training, cached, first_epoch):
+def _loaded(source, data, model_dir, training, cached, first_epoch, first_decodes=None, service=None):
     """The expensive part: read, decode and resize each record, in parallel.
 
     Where every record must be decoded without fail, an image file that fails to read or decode gives
     weight 0 instead of ending the iterator, and is reported for skipped.csv (data/unreadable.py):
     evaluation keeps its row, counting for nothing, and training leaves it out. That guard costs up to
     a third more CPU per image (benchmarks/guard_cost.py), so training pays it only while each file is
-    decoded the first time: in the first epoch of the table's rows (`first_epoch` records; what fails
-    there is reported, and later epochs just leave it out), or in the one pass that fills a cache.
-    LFW's drawn pairs, TFRecord shards and a tf.data service's stream leave such a file out with
-    TensorFlow's warning in the log.
+    decoded the first time: for the first `first_epoch` records of an endless stream of epochs (what
+    fails there is reported, and later epochs just leave it out), or in the one pass that fills a cache.
+    Drawn records (LFW's pairs) have no epochs: a guarded pass over records that hold each file once
+    runs before the draws, reports what fails and yields nothing (`first_decodes`).
     """
     # A load is graph ops with Python control flow only on settings, so AutoGraph has nothing to
     # convert (and converting it cost a second).
     load = tf.autograph.experimental.do_not_convert(source.load)
-
-    def guarded(records):
-        report_dir = unreadable.report_folder(model_dir) if model_dir is not None else None
-        return records.map(unreadable.guard(load, source.paths, report_dir), num_parallel_calls=AUTOTUNE)
+    guard = unreadable.guard(load, source.paths, unreadable.report_folder(model_dir) if model_dir is not None else None)
 
     def unguarded(records):
         return records.map(load, num_parallel_calls=AUTOTUNE).ignore_errors(log_warning=True)
@@ -140,13 +137,40 @@ def _loaded(source, data, model_dir, training, cached, first_epoch):
     if isinstance(source, TFRecordRecords) and source.raw:
         return data.map(load, num_parallel_calls=AUTOTUNE)  # pixels, nothing to decode
     if not training:
-        return guarded(data)
+        return data.map(guard, num_parallel_calls=AUTOTUNE)
     if cached:
-        return unreadable.drop_failed(guarded(data), source.count)
-    if first_epoch:
-        return unreadable.drop_failed(guarded(data.take(first_epoch)), first_epoch).concatenate(
-            unguarded(data.skip(first_epoch)))
-    return unguarded(data)
+        return unreadable.drop_failed(data.map(guard, num_parallel_calls=AUTOTUNE), source.count)
+    if source.endless:
+        checks = unreadable.drop_failed(first_decodes.map(guard, num_parallel_calls=AUTOTUNE),
+                                        int(first_decodes.cardinality()))
+        return checks.filter(tf.autograph.experimental.do_not_convert(lambda *element: False)).concatenate(
+            unguarded(data))
+    if isinstance(source, TableRecords) and not service:
+        # Row numbers skip at no cost: the first epoch guarded, the rest as they are.
+        first = unreadable.drop_failed(data.take(first_epoch).map(guard, num_parallel_calls=AUTOTUNE), first_epoch)
+        return first.concatenate(unguarded(data.skip(first_epoch)))
+    return _numbered_first_epoch_guarded(data, load, guard, first_epoch)
+
+
+def _numbered_first_epoch_guarded(data, load, guard, first_epoch):
+    """Guards the first `first_epoch` records by their number, for sources that cannot skip an epoch cheaply:
+    TFRecord shards would be read again, and a tf.data service splits each source of a pipeline between
+    its workers. Every record then passes a number, a tf.cond and drop_failed, which cost DET about a
+    tenth more CPU per image after the first epoch.
+
+    Records are numbered by a scan, not zipped with a counter, which a service would split too. There
+    each worker guards its own first `first_epoch` records, which hold all it gets of the first epoch.
+    """
+    def number(count, *record):
+        return count + 1, (count, *record)
+
+    def load_once_guarded(count, *record):
+        plain = lambda: (*load(*record), tf.constant(1.0))  # noqa: E731; a failure raises, for ignore_errors
+        return tf.cond(count < first_epoch, lambda: guard(*record), plain)
+
+    numbered = data.scan(tf.constant(0, tf.int64), tf.autograph.experimental.do_not_convert(number))
+    loaded = numbered.map(tf.autograph.experimental.do_not_convert(load_once_guarded), num_parallel_calls=AUTOTUNE)
+    return unreadable.drop_failed(loaded.ignore_errors(log_warning=True), first_epoch)
 
 
 def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
@@ -179,7 +203,8 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
     first_epoch = None
     if training and not source.endless and not cached:
         data, first_epoch = _shuffled_records(source, data, pipeline, context)
-    data = _loaded(source, data, model_dir, training, cached, first_epoch)
+    first_decodes = source.every_file(context) if training and source.endless else None
+    data = _loaded(source, data, model_dir, training, cached, first_epoch, first_decodes, pipeline.service)
     if cached:
         # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.
         data = caching.cache(data, pipeline.cache, Path(model_dir or "."), split)
@@ -198,6 +223,9 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
     # An input checkpoint saves the elements in flight; unreadable.guard's one-element dataset and report
     # file are done within each call, so they hold no state for a checkpoint to miss.
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    # Fused into the batch, unreadable.drop_failed's last map hung instead of raising its stop (TF 2.21,
+    # tests/test_verification.py); there is nothing else to fuse but raw TFRecords' pass-through map.
+    options.experimental_optimization.map_and_batch_fusion = False
     data = data.with_options(options)
     if training and pipeline.service:
         # Everything above, the decode included, runs on the service's workers; only batches come here.

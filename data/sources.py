@@ -86,3 +86,19 @@ class SampledRecords:
         """The image paths of a drawn record."""
         return [record[key] for key in sorted(record) if key.startswith("path")]
 
+    def every_file(self, context=None) -> tf.data.Dataset:
+        """Records shaped as the draws that hold each of the table's images once, this worker's share of
+        them: a record of k paths takes the next k images (the last one wraps round to the first); other
+        fields are zeros. Their labels mean nothing: they are for decoding every file once."""
+        spec = self.records(0).element_spec
+        keys = [key for key in sorted(spec) if key.startswith("path")]
+        paths = self.table.path.to_numpy(dtype=str)
+        count = -(-len(paths) // len(keys))
+        paths = np.resize(paths, count * len(keys)).reshape(count, len(keys))  # np.resize repeats from the start
+        records = {key: paths[:, keys.index(key)] if key in keys else
+                   np.zeros([count, *spec[key].shape], spec[key].dtype.as_numpy_dtype) for key in spec}
+        data = tf.data.Dataset.from_tensor_slices(records)
+        if context is not None and context.num_input_pipelines > 1:
+            data = data.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return data
+

@@ -3,6 +3,7 @@ import csv
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import tensorflow as tf
 
 from tf_harness.data.skipped import SkipLog
 from tf_harness.data.verification import check_files, problem
-from tests.conftest import compose, convert_shards, make_input, run_cli, tables_of
+from tests.conftest import compose, convert_shards, make_input, run_cli, tables_of, task_of
 
 DAMAGED = ("00000001_001.png", "00000003_001.png")  # truncated, garbage
 DAMAGED_INSIDE = "00000005_002.png"  # both ends whole, compressed data broken
@@ -228,6 +229,67 @@ def test_encoded_shards_of_a_file_damaged_inside_leave_it_out_and_name_it(damage
     assert sorted(weights) == [0.0] + [1.0] * (len(table) - 1)  # the train split's shards are in shuffled order
     rows = unreadable.collect(unreadable.report_folder(model_dir), set())
     assert [path for path, _ in rows] == [str(damaged_inside_tree / "images" / DAMAGED_INSIDE)]
+
+
+@pytest.mark.parametrize("source", ["tfrecord", "service"])
+def test_training_from_shards_or_a_service_reports_a_file_damaged_inside(damaged_inside_tree, tmp_path, source):
+    """Training's first epoch is guarded whatever the source: `encoded` shards, or a tf.data service's workers
+    (two, each guarding its own first epoch's worth); later epochs run on without the file."""
+    from tensorflow.data.experimental import service as tf_service
+
+    from tf_harness.data import unreadable
+    cfg = compose("dataset=chest_xray", f"dataset.root={damaged_inside_tree}", "pipeline.image_size=16",
+                  "pipeline.batch_size=4", "dataset.validation_fraction=0.5", "dataset.max_skipped_fraction=0.2")
+    servers = []
+    if source == "tfrecord":
+        cfg.tfrecord.encoding, cfg.tfrecord.dir = "encoded", str(tmp_path / "shards")
+        convert_shards(cfg)
+        cfg.pipeline.source = "tfrecord"
+    else:
+        dispatcher = tf_service.DispatchServer(tf_service.DispatcherConfig(port=0))
+        servers = [dispatcher] + [tf_service.WorkerServer(tf_service.WorkerConfig(
+            dispatcher_address=dispatcher.target.split("://")[1])) for _ in range(2)]
+        cfg.pipeline.service = dispatcher.target
+    tables = tables_of(cfg)
+    split = next(name for name, table in tables.items() if table.path.str.endswith(DAMAGED_INSIDE).any())
+    table, model_dir = tables[split], tmp_path / "run"
+    data = make_input(cfg, table, training=True, split=split, model_dir=model_dir)
+    batches = list(data.take(3 * len(table) // 4).as_numpy_iterator())  # about three epochs, no error
+    assert not any(image.max() == 0 for batch, _, _ in batches for image in batch)
+    rows = unreadable.collect(unreadable.report_folder(model_dir), set())
+    assert [path for path, _ in rows] == [str(damaged_inside_tree / "images" / DAMAGED_INSIDE)]
+    assert rows[0][1].startswith("undecodable image: damaged inside (Invalid PNG data")
+    del servers
+
+
+def test_drawn_training_pairs_report_a_file_damaged_inside_before_the_first_draw(tmp_path):
+    """LFW's training pairs are drawn, with no epochs: a guarded pass decodes every training image once before
+    the draws, reports the damaged one, and yields no pairs of its own."""
+    from tf_harness.data import unreadable
+    from tf_harness.data.samples.lfw_pairs import make_sample
+    root = tmp_path / "lfw"
+    make_sample(root, seed=0)
+    cfg = compose("dataset=lfw_pairs", f"dataset.root={root}", "pipeline.image_size=16", "pipeline.batch_size=4",
+                  "deterministic=true")
+    table = tables_of(cfg)["train"]
+    whole = list(make_input(cfg, table, training=True, split="train").take(3).as_numpy_iterator())
+    damaged = Path(table.path.iloc[len(table) // 2])
+    content = bytearray(damaged.read_bytes())
+    # A Huffman table claiming more codes than it can hold: libjpeg gives up on any decode of the file, a
+    # window's too. (Damage to the compressed data often decodes, with warnings, and is not caught.)
+    table_counts = content.index(b"\xff\xc4") + 5
+    content[table_counts:table_counts + 16] = b"\xff" * 16
+    damaged.write_bytes(bytes(content))
+    assert problem(damaged) is None
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        task_of(cfg).read_image(str(damaged)).numpy()
+    model_dir = tmp_path / "run"
+    batches = list(make_input(cfg, table, training=True, split="train", model_dir=model_dir).take(3).as_numpy_iterator())
+    rows = unreadable.collect(unreadable.report_folder(model_dir), set())
+    assert [path for path, _ in rows] == [str(damaged)]
+    assert rows[0][1].startswith("undecodable image: damaged inside")
+    # The same draws as before the damage, from the first (unless a draw holds the damaged file).
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(whole, batches))
 
 
 def test_a_run_on_files_that_never_decode_stops_with_one_line(damaged_tree, tmp_path):

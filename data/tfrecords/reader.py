@@ -121,6 +121,13 @@ class TFRecordRecords:
             data = data.batch(PARSE_BATCH).map(self._parse_raw, num_parallel_calls=AUTOTUNE).unbatch()
         return data
 
+    def epoch_length(self, context=None) -> int:
+        """How many records one epoch of `records` holds: those of this worker's shards."""
+        shards = self.entry["shards"]
+        if self.training and context is not None and context.num_input_pipelines > 1:
+            shards = shards[context.input_pipeline_id::context.num_input_pipelines]  # as `records` shards them
+        return sum(shard["count"] for shard in shards)
+
     def _parse_raw(self, serialized):
         parsed = tf.io.parse_example(serialized, self.parse_spec)
         image_specs = list(self.target[0]) if len(self.prefixes) > 1 else [self.target[0]]

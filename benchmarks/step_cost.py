@@ -11,7 +11,8 @@ Rows, each timed after its trace and warm-up (start-up and tracing left out):
 - step: the Trainer's one-step tf.function (`Trainer.train_step`): its augmentation, the
   non-finite checks and skip, the batch-norm statistics kept for a skip, the global step.
 - loop N: `Trainer.train_loop(iterator, N)`, what the runner calls: the same step inside a
-  tf.while_loop with its clock ops and the results read back once per loop.
+  tf.while_loop with its clock ops and the results read back once per loop. On CPU alone, where
+  trainer.steps_per_loop defaults to 1, loop 1 is that body traced once without the while loop.
 
 Every row reads the same few batches of the project's training pipeline, cached in memory
 and repeated, so the input costs next to nothing and only the step is compared. Rows run in

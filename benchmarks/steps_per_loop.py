@@ -10,7 +10,8 @@ training pipeline on the embedded sample (input_fn, source=files), warms both up
 trace, the pipeline's buffers), then runs the same number of steps once per loop length in
 paired rounds, the order swapped every round, so drift and other processes' load fall on
 every row alike. Each row calls Trainer.train_loop as the runner does, which leaves out only
-the runner's per-loop logging. Reported per row (medians over rounds): steps/s, images/s (an
+the runner's per-loop logging; on CPU alone, where trainer.steps_per_loop defaults to 1, a loop
+of 1 is the one-step call traced without a while loop, as the runner runs it there. Reported per row (medians over rounds): steps/s, images/s (an
 LFW example is two images), images per CPU-second of this process (os.times, tf.data's threads
 included), and the input-wait fraction; per dataset, the median ratio of steps/s to the first
 loop length, with its spread (min–max over rounds). The 1-minute load average is printed
@@ -71,7 +72,8 @@ def bench(dataset, loops, rounds, steps):
     cfg, trainer, iterator, images_per_example = build(dataset)
     steps = max(loops) * max(1, steps // max(loops))  # whole loops of every length
     started = time.perf_counter()
-    trainer.train_loop(iterator, 3)  # the one trace, which serves every loop length, and the pipeline's warm-up
+    trainer.train_loop(iterator, 3)  # the loop's one trace, which serves every loop length, and the pipeline's warm-up
+    trainer.train_loop(iterator, 1)  # and the one-step call's, which loops of 1 use with steps_per_loop 1 (CPU's default)
     print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size}, "
           f"{steps} steps per row; trace + warm-up {time.perf_counter() - started:.1f} s", flush=True)
     rows = {per_loop: [] for per_loop in loops}

@@ -149,7 +149,7 @@ KEYS = {
     "trainer.keep_checkpoints": integer(1),
     "trainer.checkpoint_input": FLAG,
     "trainer.log_every": integer(1),
-    "trainer.steps_per_loop": integer(1),
+    "trainer.steps_per_loop": integer(1, null="10 with a GPU or TPU, 1 on CPU alone"),
     "trainer.max_nonfinite_steps": integer(1),
     "trainer.profile_steps": PROFILE_STEPS,
     "trainer.optimizer": one_of("adam", "adamw", "sgd"),

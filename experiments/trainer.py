@@ -67,6 +67,14 @@ def loop_length(step, steps_per_loop, target, intervals) -> int:
     return min([steps_per_loop, target - step] + [every - step % every for every in intervals])
 
 
+def default_steps_per_loop() -> int:
+    """``trainer.steps_per_loop: null``: 10 where a GPU or TPU can idle while the host works between steps;
+    1 on CPU alone, where loops measured no faster (benchmarks/steps_per_loop.py) and a one-step call,
+    traced without a while loop, reached ResNet-v2-152's first step sooner (benchmarks/step_cost.py
+    --first-calls)."""
+    return 10 if tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU") else 1
+
+
 def _host_clock():
     return tf.reshape(tf.numpy_function(time.perf_counter, [], tf.float64, stateful=True), [])
 
@@ -94,7 +102,10 @@ class Trainer:
         self.spec, self.strategy = spec, strategy
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch_size = cfg.pipeline.batch_size
-        self.steps_per_loop = cfg.trainer.steps_per_loop
+        self.steps_per_loop = cfg.trainer.steps_per_loop or default_steps_per_loop()
+        if cfg.trainer.steps_per_loop is None:
+            log.info("trainer.steps_per_loop=null: %d step(s) per loop (%s)", self.steps_per_loop,
+                     "a GPU or TPU is present" if self.steps_per_loop > 1 else "CPU alone")
         self.max_nonfinite_steps = cfg.trainer.max_nonfinite_steps
         self.mixed_precision = cfg.pipeline.dtype == "float16"
         # tf.timestamp refuses to run under op determinism; a host clock called from the graph does not.
@@ -112,6 +123,7 @@ class Trainer:
             self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
         self.train_step = tf.function(self._train_step)
         self._loop = tf.function(self._train_loop)
+        self._one = tf.function(self._train_one)
         self.eval_step = _CheckedEvalStep(tf.function(self._eval_step), self)
 
     def _per_replica(self, batch):
@@ -200,7 +212,8 @@ class Trainer:
 
     def _train_loop(self, iterator, steps):
         """Runs `steps` steps, fewer once `max_nonfinite_steps` in a row were skipped (see the module
-        docstring for the timing); returns the loop's results as tensors."""
+        docstring for the timing), or with `steps` None one step and no loop; returns the loop's results
+        as tensors."""
         def keep_going(i, in_a_row, *_):
             # At least one step, so a loop always has results to read back.
             return tf.logical_and(i < steps, tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps))
@@ -228,15 +241,26 @@ class Trainer:
                  tf.constant(0.0), tf.TensorArray(tf.float32, size=0, dynamic_size=True),
                  tf.TensorArray(labels_dtype, size=0, dynamic_size=True),
                  tf.TensorArray(tf.bool, size=0, dynamic_size=True))
-        count, in_a_row, _, wait, loss_sum, logits, labels, finite = tf.while_loop(keep_going, body, start)
+        if steps is None:  # `_train_one`: the body once, with no loop for the graph optimizer to work through
+            count, in_a_row, _, wait, loss_sum, logits, labels, finite = body(*start)
+        else:
+            count, in_a_row, _, wait, loss_sum, logits, labels, finite = tf.while_loop(keep_going, body, start)
         return {"steps": count, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "logits": logits.stack(),
                 "labels": labels.stack(), "finite": finite.stack()}
 
+    def _train_one(self, iterator):
+        """One train step over `iterator`, with `_train_loop`'s results."""
+        return self._train_loop(iterator, None)
+
     def train_loop(self, iterator, steps) -> LoopStats:
         """Runs up to `steps` train steps over `iterator` in one traced call (one trace serves
-        every count) and reads the results back once."""
+        every count) and reads the results back once. With steps_per_loop 1, every call is one step,
+        traced without a while loop."""
         started = time.perf_counter()
-        out = self._loop(iterator, tf.constant(steps, tf.int32))
+        if steps == 1 and self.steps_per_loop == 1:
+            out = self._one(iterator)
+        else:
+            out = self._loop(iterator, tf.constant(steps, tf.int32))
         out = {key: value.numpy() for key, value in out.items()}  # the first read waits for the loop
         seconds = time.perf_counter() - started
         finite = out["finite"]

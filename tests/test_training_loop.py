@@ -33,6 +33,10 @@ def test_loop_length_lands_on_every_boundary():
 
 @pytest.fixture(scope="module")
 def trainer():
+    return make_trainer()
+
+
+def make_trainer():
     cfg = compose("dataset=lfw_pairs", f"pipeline.image_size={SIZE}", f"pipeline.batch_size={BATCH}",
                   "model.widths=[16,32]", "model.embedding_size=4", "model.head_units=4",
                   "trainer.max_nonfinite_steps=3")
@@ -54,13 +58,26 @@ def test_slow_input_reads_as_waiting_and_cached_input_does_not(trainer):
         features, tf.numpy_function(sleep, [label], tf.float32, stateful=True), weight))
     slow = iter(slow.map(lambda f, label, w: (f, tf.ensure_shape(label, [1]), w)).batch(BATCH).prefetch(1))
     cached = iter(pairs().repeat(8).cache().repeat().batch(BATCH).prefetch(tf.data.AUTOTUNE))
-    trainer.train_loop(cached, 2)  # the trace, out of the timings
+    trainer.train_loop(cached, 2)  # the traces, out of the timings
+    trainer.train_loop(cached, 1)  # on CPU, steps_per_loop defaults to 1: one step is traced on its own
     for steps in (1, 4):
         assert trainer.train_loop(slow, steps).input_wait_fraction >= 0.5
     fractions = [trainer.train_loop(cached, steps).input_wait_fraction for steps in (1, 20, 20)]
     # One step's fraction is noisy on a shared machine; a loop of 20 averages it.
     assert min(fractions[1:]) <= 0.05, fractions
     assert trainer._loop.experimental_get_tracing_count() == 1  # one trace serves every loop length
+    assert trainer._one.experimental_get_tracing_count() == 1
+
+
+def test_steps_per_loop_null_means_one_step_calls_on_cpu_alone():
+    """No GPU here: null resolves to 1, and a one-step call runs without the while loop."""
+    trainer = make_trainer()
+    assert trainer.steps_per_loop == 1
+    batches = iter(pairs().repeat().batch(BATCH))
+    stats = trainer.train_loop(batches, 1)
+    assert stats.steps == 1 and stats.logits.shape[0] == BATCH and np.isfinite(stats.loss)
+    assert trainer._one.experimental_get_tracing_count() == 1 and trainer._loop.experimental_get_tracing_count() == 0
+    assert int(trainer.global_step.numpy()) == 1
 
 
 def variables(trainer):

@@ -11,11 +11,12 @@ trace, the pipeline's buffers), then runs the same number of steps once per loop
 paired rounds, the order swapped every round, so drift and other processes' load fall on
 every row alike. Each row calls Trainer.train_loop as the runner does, which leaves out only
 the runner's per-loop logging; on CPU alone, where trainer.steps_per_loop defaults to 1, a loop
-of 1 is the one-step call traced without a while loop, as the runner runs it there. Reported per row (medians over rounds): steps/s, images/s (an
-LFW example is two images), images per CPU-second of this process (os.times, tf.data's threads
-included), and the input-wait fraction; per dataset, the median ratio of steps/s to the first
-loop length, with its spread (min–max over rounds). The 1-minute load average is printed
-before and after: on a shared machine it says how much the figures can be trusted.
+of 1 is the one-step call traced without a while loop, as the runner runs it there. Reported per
+row (medians over rounds): steps/s, images/s (an LFW example is two images), images per
+CPU-second of this process (os.times, tf.data's threads included), and the input-wait fraction;
+per dataset, the median ratio of steps/s to the first loop length, with its spread (min–max
+over rounds). The 1-minute load average is printed before and after: on a shared machine it
+says how much the figures can be trusted.
 """
 import argparse
 import os

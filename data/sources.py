@@ -66,6 +66,11 @@ class TableRecords:
         return [tf.gather(self.columns[column], index) for column in path_columns(self.table)]
 
 
+def _path_keys(record) -> list:
+    """A drawn record's image path fields, in order (as tables.path_columns names a table's)."""
+    return sorted(key for key in record if key.startswith("path"))
+
+
 class SampledRecords:
     """Training records the task draws afresh in the graph, endlessly (LFW's balanced pairs)."""
 
@@ -84,14 +89,14 @@ class SampledRecords:
 
     def paths(self, record) -> list:
         """The image paths of a drawn record."""
-        return [record[key] for key in sorted(record) if key.startswith("path")]
+        return [record[key] for key in _path_keys(record)]
 
     def every_file(self, context=None) -> tf.data.Dataset:
         """Records shaped as the draws that hold each of the table's images once, this worker's share of
         them: a record of k paths takes the next k images (the last one wraps round to the first); other
         fields are zeros. Their labels mean nothing: they are for decoding every file once."""
         spec = self.records(0).element_spec
-        keys = [key for key in sorted(spec) if key.startswith("path")]
+        keys = _path_keys(spec)
         paths = self.table.path.to_numpy(dtype=str)
         count = -(-len(paths) // len(keys))
         paths = np.resize(paths, count * len(keys)).reshape(count, len(keys))  # np.resize repeats from the start

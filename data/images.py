@@ -115,7 +115,7 @@ def resize(image, size):
     - an image at least 8x the size (X-rays at 64-128px) is first brought to twice the size by a plain
       bilinear resize, much cheaper, and then antialiased;
     - any other shrink averages each output pixel's footprint (``area``, an exact box filter, about as
-      cheap as bilinear). With the PNG decode, the real NIH X-rays at 224px then take 0.89 (0.86-1.01)
+      cheap as bilinear). With the PNG decode, the real NIH X-rays at 224px then take 0.91 (0.89-0.96)
       of a plain decode + bilinear resize's images per CPU-second, where the pre-shrink and antialiasing
       took 0.83 (benchmarks/resize_cost.py). Area at 64px would move the X-rays' pixels by 1.0 level on
       average from the direct antialiased resize (the other branch: 0.7) and save nothing;

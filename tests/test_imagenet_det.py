@@ -348,7 +348,7 @@ def test_config_defaults():
     cfg = compose("dataset=imagenet_det")
     assert first_problem(cfg) is None
     assert cfg.model.name == "semi_alexnet" and cfg.dataset.root is None
-    assert list(cfg.pipeline.image_size) == [415, 482]  # height, width: 482x415 images
+    assert list(cfg.pipeline.image_size) == [415, 482]  # height, width: 415x482 images
     assert cfg.dataset.normalize == "per_image_standardization" and cfg.dataset.resize == "crop_or_pad"
     assert cfg.dataset.flip is True
     assert first_problem(compose("dataset=imagenet_det", "model=siamese_cnn")).startswith("model=siamese_cnn takes ")

@@ -150,6 +150,7 @@ KEYS = {
     "trainer.checkpoint_input": FLAG,
     "trainer.log_every": integer(1),
     "trainer.steps_per_loop": integer(1, null="10 with a GPU or TPU, 1 on CPU alone"),
+    "trainer.jit_compile": _with_null(FLAG, "XLA with a GPU and one replica, unless deterministic"),
     "trainer.max_nonfinite_steps": integer(1),
     "trainer.profile_steps": PROFILE_STEPS,
     "trainer.optimizer": one_of("adam", "adamw", "sgd"),

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_harness.data.errors import ConfigError
 from tf_harness.data.preprocessing import Preprocessing
 from tf_harness.experiments import metrics, optimizers
 from tf_harness.models import BUILDERS
@@ -75,6 +76,18 @@ def default_steps_per_loop() -> int:
     return 10 if tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU") else 1
 
 
+def resolve_jit_compile(jit_compile, replicas, deterministic) -> bool:
+    """``trainer.jit_compile: null``: XLA where a GPU is present, the step runs on one replica and
+    results need not repeat bit for bit. There TensorFlow's executor dispatches a step's hundreds of
+    small kernels (thousands for ResNet-v2-152 and Adam) one by one from the host, and waits on the
+    host for the non-finite check's branch, so the GPU idles between them; one compiled step is one
+    launch: on an H100, 3.0x the LFW steps/s (README, "On a GPU"). On this project's 2-core CPU it
+    measured 0.56x."""
+    if jit_compile is not None:
+        return jit_compile
+    return bool(tf.config.list_physical_devices("GPU")) and replicas == 1 and not deterministic
+
+
 def _host_clock():
     return tf.reshape(tf.numpy_function(time.perf_counter, [], tf.float64, stateful=True), [])
 
@@ -106,6 +119,14 @@ class Trainer:
         if cfg.trainer.steps_per_loop is None:
             log.info("trainer.steps_per_loop=null: %d step(s) per loop (%s)", self.steps_per_loop,
                      "a GPU or TPU is present" if self.steps_per_loop > 1 else "CPU alone")
+        jit_compile = cfg.trainer.jit_compile
+        self.jit_compile = resolve_jit_compile(jit_compile, self.replicas, cfg.deterministic)
+        if self.jit_compile and self.replicas > 1:
+            raise ConfigError(f"trainer.jit_compile=true needs one replica, and strategy={cfg.strategy.name} "
+                              f"runs {self.replicas}; set trainer.jit_compile=false or null")
+        if jit_compile is None:
+            log.info("trainer.jit_compile=null: %s", "each train step compiled with XLA (a GPU, one replica)"
+                     if self.jit_compile else "no XLA (CPU alone, several replicas or deterministic)")
         self.max_nonfinite_steps = cfg.trainer.max_nonfinite_steps
         self.mixed_precision = cfg.pipeline.dtype == "float16"
         # tf.timestamp refuses to run under op determinism; a host clock called from the graph does not.
@@ -121,6 +142,10 @@ class Trainer:
             self.optimizer.build(self.model.trainable_variables)
             # Not checkpointed: a resumed run counts afresh.
             self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
+        if self.jit_compile:
+            # The whole step, its non-finite check, skip and counters included, as one XLA cluster; the
+            # loop around it (iterator, clocks, results) stays in the graph.
+            self._step = tf.function(self._step, jit_compile=True)
         self.train_step = tf.function(self._train_step)
         self._loop = tf.function(self._train_loop)
         self._one = tf.function(self._train_one)

@@ -1,5 +1,5 @@
-"""Smoke tests of the input benchmarks: the throughput script runs on a tiny setting and prints its
-rows and ratios, and the former entry point still dispatches to the two scripts.
+"""Smoke tests of the benchmarks: the throughput and host-loss scripts run on a tiny setting and print
+their rows and ratios, and the former entry point still dispatches to the two input scripts.
 
 The benchmarks themselves are scripts (benchmarks/throughput.py, benchmarks/starvation.py), not
 tests; this only checks that the throughput one still runs end to end against the real pipeline,
@@ -56,6 +56,24 @@ def test_throughput_benchmark_runs_and_prints_ratios():
     assert re.search(rf"\| a: Python loop \+ PIL, `tf.constant` per batch \| {cell} \| {cell} \|", out)
     assert re.search(r"\| load average \(1 min\), before–after \| \d+\.\d\d–\d+\.\d\d \| \d+\.\d\d–\d+\.\d\d \|", out)
     assert "command: python benchmarks/throughput.py --datasets chest_xray" in out
+
+
+@pytest.mark.slow
+def test_host_loss_benchmark_runs_and_prints_both_ceilings_and_each_loop():
+    command = [sys.executable, "benchmarks/host_loss.py", "--datasets", "lfw_pairs", "--loops", "1,2", "--jit",
+               "false,true", "--steps", "2", "--rounds", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "devices: ['/device:CPU:0'] []" in out and re.search(r"load average \(1 min\) after: \d+\.\d\d", out)
+    spread = r"\d+\.\d{3} \(\d+\.\d{3}–\d+\.\d{3}\)"
+    rows = {name: re.search(rf"\| {name} \| [\d.]+ \| \d+ \| \d+ \| \d\.\d{{3}} \| ({spread}) \| ({spread}) \|", out)
+            for name in ("ceiling", "ceiling XLA", "loop 1, jit False", "loop 2, jit False", "loop 1, jit True",
+                         "loop 2, jit True")}
+    assert all(rows.values()), out
+    # The faster ceiling is the yardstick: its ratio reads 1 and its host loss 0 in every round.
+    assert "1.000 (1.000–1.000)" in (rows["ceiling"][1], rows["ceiling XLA"][1])
 
 
 def test_pil_baselines_decode_jpegs_reduced_where_c_decodes_a_window(real, monkeypatch):

@@ -101,6 +101,12 @@ def test_batch_that_does_not_divide_across_replicas_exits_2(tmp_path):
     assert "pipeline.batch_size=3" in result.stderr.strip().splitlines()[-1]
 
 
+def test_xla_under_several_replicas_exits_2(tmp_path):
+    result = run_cli(*TINY, "strategy=mirrored", "trainer.jit_compile=true", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "trainer.jit_compile=true needs one replica" in result.stderr.strip().splitlines()[-1]
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"

@@ -41,7 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
-from step_cost import keras_step, spread  # noqa: E402
+from step_cost import keras_step, rotated_rounds, spread  # noqa: E402
 from tf_harness.experiments import strategies  # noqa: E402
 from tf_harness.experiments.trainer import Trainer  # noqa: E402
 
@@ -64,22 +64,15 @@ def ceiling_row(cfg, info, batch, per_loop, jit_compile):
     def run(steps):
         for _ in range(steps // per_loop):
             float(loop())  # the read waits for the loop's last step
-        return 0.0
+        return 0.0  # no input read, so no input wait
     return run
 
 
 def loop_row(trainer, iterator, per_loop):
+    """The trainer's loops of `per_loop` steps; a run returns its steps' input wait in seconds."""
     def run(steps):
         return sum(trainer.train_loop(iterator, per_loop).wait for _ in range(steps // per_loop))
     return run
-
-
-def measure(run, steps):
-    """Wall seconds, CPU seconds (this process, every thread) and input-wait seconds of `steps` steps."""
-    times, started = os.times(), time.perf_counter()
-    wait = run(steps)
-    seconds, after = time.perf_counter() - started, os.times()
-    return {"seconds": seconds, "cpu": (after.user - times.user) + (after.system - times.system), "wait": wait}
 
 
 def bench(dataset, loops, jits, steps, rounds):
@@ -102,22 +95,17 @@ def bench(dataset, loops, jits, steps, rounds):
         run(max(loops))
     print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size}, "
           f"{steps} steps per row, {rounds} rounds; traces + warm-up {time.perf_counter() - started:.1f} s", flush=True)
-    names = list(rows)
-    results = {name: [] for name in names}
-    for number in range(rounds):
-        shift = number % len(names)
-        for name in names[shift:] + names[:shift]:
-            results[name].append(measure(rows[name], steps))
+    results = rotated_rounds(rows, steps, rounds)
     images = cfg.pipeline.batch_size * (2 if info.spec.paired else 1) * steps
     print(f"\n| {dataset} row | steps/s | images/s | images/CPU-s | input wait | time per step ÷ faster ceiling "
           f"(min–max) | host loss (min–max) |\n|---|---|---|---|---|---|---|")
-    ceilings = [min(pair, key=lambda run: run["seconds"]) for pair in zip(results["ceiling"], results["ceiling XLA"])]
+    ceilings = [min(pair, key=lambda run: run.seconds) for pair in zip(results["ceiling"], results["ceiling XLA"])]
     for name, runs in results.items():
-        ratios = [run["seconds"] / base["seconds"] for run, base in zip(runs, ceilings)]
-        rate = statistics.median(steps / run["seconds"] for run in runs)
+        ratios = [run.seconds / base.seconds for run, base in zip(runs, ceilings)]
+        rate = statistics.median(steps / run.seconds for run in runs)
         print(f"| {name} | {rate:.1f} | {rate * images / steps:.0f} | "
-              f"{statistics.median(images / run['cpu'] for run in runs):.0f} | "
-              f"{statistics.median(run['wait'] / run['seconds'] for run in runs):.3f} | "
+              f"{statistics.median(images / run.cpu for run in runs):.0f} | "
+              f"{statistics.median(run.value / run.seconds for run in runs):.3f} | "
               f"{spread(ratios)} | {spread([1 - 1 / ratio for ratio in ratios])} |", flush=True)
 
 

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -111,20 +112,38 @@ def rows(trainer, yardstick, iterator, loops):
     return {"keras": keras_row, "step": step_row, **{f"loop {n}": loop_row(n) for n in loops}}
 
 
-def measure(run, steps):
-    """Wall and CPU seconds (this process, every thread) of `steps` steps."""
+class Timing(NamedTuple):
+    seconds: float  # wall
+    cpu: float  # this process, every thread (os.times)
+    value: Any  # what the row returned (benchmarks/host_loss.py: its input wait)
+
+
+def measure(run, steps) -> Timing:
+    """The wall and CPU seconds of `steps` steps of `run`."""
     times, started = os.times(), time.perf_counter()
-    run(steps)
+    value = run(steps)
     seconds, after = time.perf_counter() - started, os.times()
-    return seconds, (after.user - times.user) + (after.system - times.system)
+    return Timing(seconds, (after.user - times.user) + (after.system - times.system), value)
+
+
+def rotated_rounds(timed, steps, rounds):
+    """Each row's Timings over `rounds` paired rounds, the order rotated every round, so drift and other
+    processes' load fall on every row alike."""
+    names = list(timed)
+    results = {name: [] for name in names}
+    for number in range(rounds):
+        shift = number % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(measure(timed[name], steps))
+    return results
 
 
 def first_call(dataset, name, loops):
     """In this process: the first call of one step (loop rows: one loop of N) of row `name`."""
     _, trainer, yardstick, iterator, _ = build(dataset)
     run = rows(trainer, yardstick, iterator, loops)[name]
-    seconds, cpu = measure(run, int(name.split()[1]) if name.startswith("loop") else 1)
-    print(json.dumps({"seconds": seconds, "cpu": cpu}))
+    timing = measure(run, int(name.split()[1]) if name.startswith("loop") else 1)
+    print(json.dumps({"seconds": timing.seconds, "cpu": timing.cpu}))
 
 
 def first_calls(args, loops):
@@ -175,15 +194,10 @@ def main():
     for name, run in timed.items():
         # The first call traces (the loop rows share one trace: the first of them pays it); the second warms up.
         count = int(name.split()[1]) if name.startswith("loop") else 1
-        (first, first_cpu), (second, second_cpu) = measure(run, count), measure(run, count)
-        print(f"{name}: first call of {count} step(s) {first:.1f} s ({first_cpu:.1f} CPU-s), "
-              f"the second {second:.1f} s ({second_cpu:.1f} CPU-s)", flush=True)
-    names = list(timed)
-    results = {name: [] for name in names}
-    for number in range(args.rounds):
-        shift = number % len(names)
-        for name in names[shift:] + names[:shift]:
-            results[name].append(measure(timed[name], steps))
+        first, second = measure(run, count), measure(run, count)
+        print(f"{name}: first call of {count} step(s) {first.seconds:.1f} s ({first.cpu:.1f} CPU-s), "
+              f"the second {second.seconds:.1f} s ({second.cpu:.1f} CPU-s)", flush=True)
+    results = rotated_rounds(timed, steps, args.rounds)
     if args.rounds:
         report(args, cfg, results, steps, cfg.pipeline.batch_size * images_per_example * steps)
     print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
@@ -196,10 +210,10 @@ def report(args, cfg, results, steps, images):
     print("| row | steps/s | images/CPU-s | time per step ÷ keras (min–max) | CPU per step ÷ keras (min–max) |\n"
           "|---|---|---|---|---|")
     for name in results:
-        ratios = [run[0] / base[0] for run, base in zip(results[name], results["keras"])]
-        cpu_ratios = [run[1] / base[1] for run, base in zip(results[name], results["keras"])]
-        rate = statistics.median(steps / seconds for seconds, _ in results[name])
-        per_cpu = statistics.median(images / cpu for _, cpu in results[name])
+        ratios = [run.seconds / base.seconds for run, base in zip(results[name], results["keras"])]
+        cpu_ratios = [run.cpu / base.cpu for run, base in zip(results[name], results["keras"])]
+        rate = statistics.median(steps / run.seconds for run in results[name])
+        per_cpu = statistics.median(images / run.cpu for run in results[name])
         print(f"| {name} | {rate:.3f} | {per_cpu:.1f} | "
               f"{spread(ratios)} | {spread(cpu_ratios)} |")
 

@@ -1,9 +1,9 @@
 """Smoke tests of the benchmarks: the throughput and host-loss scripts run on a tiny setting and print
 their rows and ratios, and the former entry point still dispatches to the two input scripts.
 
-The benchmarks themselves are scripts (benchmarks/throughput.py, benchmarks/starvation.py), not
-tests; this only checks that the throughput one still runs end to end against the real pipeline,
-as a person would run it.
+The benchmarks themselves are scripts (benchmarks/throughput.py, benchmarks/host_loss.py, ...), not
+tests; this only checks that those two still run end to end against the real pipeline and trainer,
+as a person would run them.
 """
 import importlib.util
 import os

@@ -5,24 +5,26 @@
                                    [--jit null] [--steps 200] [--rounds 3]
 
 Rows per dataset, each timed after its trace and warm-up:
-- ceiling: the yardstick of benchmarks/step_cost.py (one plain Keras train step: cast and scale,
-  forward, cross-entropy, gradients, Adam's apply, on its own instance of the dataset's default
-  model), written independently of experiments/, run max(loops) times inside one tf.function
-  over one training batch held on the device. The host takes part once per loop of max(loops)
-  steps and no input is read, so this is what a step costs when nothing waits on the host.
-- ceiling XLA: the same loop compiled whole with XLA (jit_compile): one launch per loop.
+- ceiling, N per call: the yardstick of benchmarks/step_cost.py (one plain Keras train step: cast
+  and scale, forward, cross-entropy, gradients, Adam's apply, on its own instance of the dataset's
+  default model), written independently of experiments/, run N times inside one tf.function over
+  one training batch held on the device, for each N of --loops. The host takes part once per call
+  and no input is read, so at the longest N this is what a step costs when nothing waits on the
+  host, and the shortest against the longest is what looping gains a step with no host work of
+  its own (printed after the table, with the time per step it saves).
+- ceiling XLA: the longest loop compiled whole with XLA (jit_compile): one launch per loop.
 - loop N, jit J: `Trainer.train_loop(iterator, N)` over the run's training pipeline (input_fn,
   as the runner builds it for the dataset's defaults), as the runner calls it, with
   trainer.steps_per_loop N and trainer.jit_compile J (each J of --jit: its own Trainer).
 
-Host loss of a row = 1 - (the faster ceiling's time per step / the row's), per round: the share
+Host loss of a row = 1 - (the fastest ceiling's time per step / the row's), per round: the share
 of the row's step time in which the device could have been computing. The trainer's own extra
 device work (augmentation, the non-finite checks) counts as loss too, so the figure bounds the
 host's share from above. Rows run in paired rounds, the order rotated every round, so drift and
 other processes' load fall on every row alike. Reported per row (medians over rounds): steps/s,
 images/s (an LFW example is two images), images per CPU-second of this process (os.times: every
 thread, tf.data's included), the input-wait fraction, and the per-round ratio of time per step
-to the faster ceiling's and the host loss, with their spread (min–max over rounds). The devices
+to the fastest ceiling's and the host loss, with their spread (min–max over rounds). The devices
 TensorFlow sees and the 1-minute load average (before and after) are printed first and last.
 """
 import argparse
@@ -56,6 +58,8 @@ def ceiling_row(cfg, info, batch, per_loop, jit_compile):
 
     @tf.function(jit_compile=jit_compile)
     def loop():
+        if per_loop == 1:  # one step a call, with no while loop, as the trainer's loop of 1
+            return step(*batch)
         loss = tf.constant(0.0)
         for _ in tf.range(per_loop):
             loss = step(*batch)
@@ -83,8 +87,9 @@ def bench(dataset, loops, jits, steps, rounds):
     iterator = iter(data_api.train_input(cfg, info.table, workdir=None, seed=cfg.seed))
     steps = max(loops) * max(1, steps // max(loops))  # whole loops of every length
     batch = next(iterator)
-    rows = {"ceiling": ceiling_row(cfg, info, batch, max(loops), False),
-            "ceiling XLA": ceiling_row(cfg, info, batch, max(loops), True)}
+    # A ceiling per loop length: what looping alone gains for a step with no host work of its own.
+    rows = {f"ceiling, {n} per call": ceiling_row(cfg, info, batch, n, False) for n in loops}
+    rows[f"ceiling XLA, {max(loops)} per call"] = ceiling_row(cfg, info, batch, max(loops), True)
     for jit in jits:
         trainer = Trainer(data_api.compose_defaults(dataset, f"trainer.jit_compile={jit}"), info.spec, strategy,
                           info.size)
@@ -97,9 +102,10 @@ def bench(dataset, loops, jits, steps, rounds):
           f"{steps} steps per row, {rounds} rounds; traces + warm-up {time.perf_counter() - started:.1f} s", flush=True)
     results = rotated_rounds(rows, steps, rounds)
     images = cfg.pipeline.batch_size * (2 if info.spec.paired else 1) * steps
-    print(f"\n| {dataset} row | steps/s | images/s | images/CPU-s | input wait | time per step ÷ faster ceiling "
+    print(f"\n| {dataset} row | steps/s | images/s | images/CPU-s | input wait | time per step ÷ fastest ceiling "
           f"(min–max) | host loss (min–max) |\n|---|---|---|---|---|---|---|")
-    ceilings = [min(pair, key=lambda run: run.seconds) for pair in zip(results["ceiling"], results["ceiling XLA"])]
+    ceiling_names = [name for name in results if name.startswith("ceiling")]
+    ceilings = [min(runs, key=lambda run: run.seconds) for runs in zip(*(results[name] for name in ceiling_names))]
     for name, runs in results.items():
         ratios = [run.seconds / base.seconds for run, base in zip(runs, ceilings)]
         rate = statistics.median(steps / run.seconds for run in runs)
@@ -107,12 +113,17 @@ def bench(dataset, loops, jits, steps, rounds):
               f"{statistics.median(images / run.cpu for run in runs):.0f} | "
               f"{statistics.median(run.value / run.seconds for run in runs):.3f} | "
               f"{spread(ratios)} | {spread([1 - 1 / ratio for ratio in ratios])} |", flush=True)
+    shortest, longest = (results[f"ceiling, {n} per call"] for n in (min(loops), max(loops)))
+    gains = [short.seconds / long.seconds for short, long in zip(shortest, longest)]
+    saved_ms = [1000 * (short.seconds - long.seconds) / steps for short, long in zip(shortest, longest)]
+    print(f"{dataset}: looping gains the bare step {spread(gains)}× in steps/s at {max(loops)} vs {min(loops)} per "
+          f"call, saving {spread(saved_ms, 2)} ms per step: the host's cost of a call", flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="lfw_pairs,imagenet_det")
-    parser.add_argument("--loops", default="1,10,50", help="steps_per_loop values; the longest also sets the ceiling's loop")
+    parser.add_argument("--loops", default="1,10,50", help="steps_per_loop values, and the ceilings' steps per call")
     parser.add_argument("--jit", default="null", help="trainer.jit_compile values, e.g. false,true; null: the default")
     parser.add_argument("--steps", type=int, default=200, help="steps per row and round")
     parser.add_argument("--rounds", type=int, default=3)

@@ -43,7 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
-from step_cost import keras_step, rotated_rounds, spread  # noqa: E402
+from step_cost import keras_step, loop_row, rotated_rounds, saved_ms, spread  # noqa: E402
 from tf_harness.experiments import strategies  # noqa: E402
 from tf_harness.experiments.trainer import Trainer  # noqa: E402
 
@@ -69,13 +69,6 @@ def ceiling_row(cfg, info, batch, per_loop, jit_compile):
         for _ in range(steps // per_loop):
             float(loop())  # the read waits for the loop's last step
         return 0.0  # no input read, so no input wait
-    return run
-
-
-def loop_row(trainer, iterator, per_loop):
-    """The trainer's loops of `per_loop` steps; a run returns its steps' input wait in seconds."""
-    def run(steps):
-        return sum(trainer.train_loop(iterator, per_loop).wait for _ in range(steps // per_loop))
     return run
 
 
@@ -115,9 +108,9 @@ def bench(dataset, loops, jits, steps, rounds):
               f"{spread(ratios)} | {spread([1 - 1 / ratio for ratio in ratios])} |", flush=True)
     shortest, longest = (results[f"ceiling, {n} per call"] for n in (min(loops), max(loops)))
     gains = [short.seconds / long.seconds for short, long in zip(shortest, longest)]
-    saved_ms = [1000 * (short.seconds - long.seconds) / steps for short, long in zip(shortest, longest)]
     print(f"{dataset}: looping gains the bare step {spread(gains)}× in steps/s at {max(loops)} vs {min(loops)} per "
-          f"call, saving {spread(saved_ms, 2)} ms per step: the host's cost of a call", flush=True)
+          f"call, saving {spread(saved_ms(shortest, longest, steps), 2)} ms per step: the host's cost of a call",
+          flush=True)
 
 
 def main():

@@ -103,13 +103,15 @@ def rows(trainer, yardstick, iterator, loops):
             loss = trainer.train_step(*next(iterator))[0]
         float(loss)
 
-    def loop_row(per_loop):
-        def run(steps):
-            for _ in range(steps // per_loop):
-                trainer.train_loop(iterator, per_loop)
-        return run
+    return {"keras": keras_row, "step": step_row, **{f"loop {n}": loop_row(trainer, iterator, n) for n in loops}}
 
-    return {"keras": keras_row, "step": step_row, **{f"loop {n}": loop_row(n) for n in loops}}
+
+def loop_row(trainer, iterator, per_loop):
+    """The trainer's loops of `per_loop` steps, as the runner calls them; a run returns its steps' input
+    wait in seconds."""
+    def run(steps):
+        return sum(trainer.train_loop(iterator, per_loop).wait for _ in range(steps // per_loop))
+    return run
 
 
 class Timing(NamedTuple):
@@ -168,6 +170,11 @@ def first_calls(args, loops):
 
 def spread(values, digits=3):
     return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def saved_ms(base_runs, runs, steps):
+    """Per round, the milliseconds per step that `runs` took less than `base_runs`."""
+    return [1000 * (base.seconds - run.seconds) / steps for base, run in zip(base_runs, runs)]
 
 
 def main():

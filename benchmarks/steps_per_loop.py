@@ -8,15 +8,15 @@
 For each dataset it builds the run's default Trainer (experiments/trainer.py) and the default
 training pipeline on the embedded sample (input_fn, source=files), warms both up (the one
 trace, the pipeline's buffers), then runs the same number of steps once per loop length in
-paired rounds, the order swapped every round, so drift and other processes' load fall on
-every row alike. Each row calls Trainer.train_loop as the runner does, which leaves out only
-the runner's per-loop logging; on CPU alone, where trainer.steps_per_loop defaults to 1, a loop
-of 1 is the one-step call traced without a while loop, as the runner runs it there. Reported per
-row (medians over rounds): steps/s, images/s (an LFW example is two images), images per
-CPU-second of this process (os.times, tf.data's threads included), and the input-wait fraction;
-per dataset, the median ratio of steps/s to the first loop length, with its spread (min–max
-over rounds). The 1-minute load average is printed before and after: on a shared machine it
-says how much the figures can be trusted.
+paired rounds, the order rotated every round (benchmarks/step_cost.py's rounds and rows), so
+drift and other processes' load fall on every row alike. Each row calls Trainer.train_loop as
+the runner does, which leaves out only the runner's per-loop logging; on CPU alone, where
+trainer.steps_per_loop defaults to 1, a loop of 1 is the one-step call traced without a while
+loop, as the runner runs it there. Reported per row (medians over rounds): steps/s, images/s
+(an LFW example is two images), images per CPU-second of this process (os.times, tf.data's
+threads included), and the input-wait fraction; per dataset, the median ratio of steps/s to the
+first loop length, with its spread (min–max over rounds). The 1-minute load average is printed
+before and after: on a shared machine it says how much the figures can be trusted.
 """
 import argparse
 import os
@@ -34,6 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
+from step_cost import loop_row, rotated_rounds, saved_ms, spread  # noqa: E402
 from tf_harness.experiments import strategies  # noqa: E402
 from tf_harness.experiments.trainer import Trainer  # noqa: E402
 
@@ -57,18 +58,6 @@ def build(dataset):
     return cfg, trainer, iterator, 2 if info.spec.paired else 1
 
 
-def measure(trainer, iterator, steps, per_loop):
-    """Runs `steps` steps in loops of `per_loop`; returns wall seconds, CPU seconds and wait fraction."""
-    times, started = os.times(), time.perf_counter()
-    wait = 0.0
-    for _ in range(steps // per_loop):
-        wait += trainer.train_loop(iterator, per_loop).wait
-    seconds = time.perf_counter() - started
-    after = os.times()
-    cpu = (after.user - times.user) + (after.system - times.system)
-    return {"seconds": seconds, "cpu": cpu, "wait": wait / seconds}
-
-
 def bench(dataset, loops, rounds, steps):
     cfg, trainer, iterator, images_per_example = build(dataset)
     steps = max(loops) * max(1, steps // max(loops))  # whole loops of every length
@@ -77,28 +66,25 @@ def bench(dataset, loops, rounds, steps):
     trainer.train_loop(iterator, 1)  # and the one-step call's, which loops of 1 use with steps_per_loop 1 (CPU's default)
     print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size}, "
           f"{steps} steps per row; trace + warm-up {time.perf_counter() - started:.1f} s", flush=True)
-    rows = {per_loop: [] for per_loop in loops}
-    for number in range(rounds):
-        for per_loop in (loops if number % 2 == 0 else loops[::-1]):
-            rows[per_loop].append(measure(trainer, iterator, steps, per_loop))
+    rows = rotated_rounds({per_loop: loop_row(trainer, iterator, per_loop) for per_loop in loops}, steps, rounds)
     batch_images = cfg.pipeline.batch_size * images_per_example
     print(f"\n| {dataset} steps_per_loop | steps/s | images/s | images/CPU-s | input wait | ratio to {loops[0]} "
           f"(min–max) |\n|---|---|---|---|---|---|")
     for per_loop, runs in rows.items():
-        ratios = [rows[loops[0]][k]["seconds"] / run["seconds"] for k, run in enumerate(runs)]
-        rate = statistics.median(steps / run["seconds"] for run in runs)
-        per_cpu = statistics.median(steps * batch_images / run["cpu"] for run in runs)
-        wait = statistics.median(run["wait"] for run in runs)
+        ratios = [base.seconds / run.seconds for base, run in zip(rows[loops[0]], runs)]
+        rate = statistics.median(steps / run.seconds for run in runs)
+        per_cpu = statistics.median(steps * batch_images / run.cpu for run in runs)
+        wait = statistics.median(run.value / run.seconds for run in runs)
         print(f"| {per_loop} | {rate:.2f} | {rate * batch_images:.0f} | {per_cpu:.0f} | {wait:.3f} | "
-              f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f}) |")
+              f"{spread(ratios)} |")
     # What the longest loop saved per step: the host's per-call cost (dispatch, read-back, Python) that a loop
     # spreads over its steps. No loop length can save more than all of it, which bounds the ratio.
     base, longest = loops[0], loops[-1]
-    step_ms = [1000 * run["seconds"] / steps for run in rows[longest]]
-    saved_ms = [1000 * (first["seconds"] - run["seconds"]) / steps for first, run in zip(rows[base], rows[longest])]
+    step_ms = [1000 * run.seconds / steps for run in rows[longest]]
+    saved = saved_ms(rows[base], rows[longest], steps)
     print(f"{dataset}: a step at {longest} per loop takes {statistics.median(step_ms):.1f} ms; "
-          f"{longest} vs {base} per loop saved {statistics.median(saved_ms):.2f} ms per step "
-          f"({min(saved_ms):.2f} to {max(saved_ms):.2f} over rounds)", flush=True)
+          f"{longest} vs {base} per loop saved {statistics.median(saved):.2f} ms per step "
+          f"({min(saved):.2f} to {max(saved):.2f} over rounds)", flush=True)
 
 
 def main():

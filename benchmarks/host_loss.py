@@ -29,7 +29,6 @@ TensorFlow sees and the 1-minute load average (before and after) are printed fir
 """
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -43,7 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
-from step_cost import keras_step, loop_row, rotated_rounds, saved_ms, spread  # noqa: E402
+from step_cost import for_each_dataset, keras_step, loop_row, rotated_rounds, saved_ms, spread  # noqa: E402
 from tf_harness.experiments import strategies  # noqa: E402
 from tf_harness.experiments.trainer import Trainer  # noqa: E402
 
@@ -59,10 +58,10 @@ def ceiling_row(cfg, info, batch, per_loop, jit_compile):
     @tf.function(jit_compile=jit_compile)
     def loop():
         if per_loop == 1:  # one step a call, with no while loop, as the trainer's loop of 1
-            return step(*batch)
+            return step(*batch)[0]
         loss = tf.constant(0.0)
         for _ in tf.range(per_loop):
-            loss = step(*batch)
+            loss = step(*batch)[0]
         return loss
 
     def run(steps):
@@ -122,15 +121,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     loops = [int(n) for n in args.loops.split(",")]
-    print("command: python benchmarks/host_loss.py " + shlex.join(sys.argv[1:]))
-    devices = [device.name for device in tf.config.list_logical_devices()]
-    details = [tf.config.experimental.get_device_details(gpu).get("device_name", "?")
-               for gpu in tf.config.list_physical_devices("GPU")]
-    print(f"devices: {devices} {details}; TensorFlow {tf.__version__}")
-    print(f"load average (1 min) before: {os.getloadavg()[0]:.2f}; cores: {len(os.sched_getaffinity(0))}")
-    for dataset in args.datasets.split(","):
-        bench(dataset, loops, args.jit.split(","), args.steps, args.rounds)
-    print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
+    for_each_dataset(args.datasets.split(","),
+                     lambda dataset: bench(dataset, loops, args.jit.split(","), args.steps, args.rounds))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ CACHED_BATCHES = 4
 
 
 def keras_step(cfg, spec, image_size):
-    """The yardstick: a plain traced train step on a fresh instance of the default model, with Adam."""
+    """The yardstick: a plain traced train step on a fresh instance of the default model, with Adam;
+    returns (loss, logits)."""
     model = BUILDERS[cfg.model.name](cfg.model, spec, image_size)
     optimizer = keras.optimizers.Adam(cfg.trainer.learning_rate)
     if spec.task == "multiclass":
@@ -72,7 +73,7 @@ def keras_step(cfg, spec, image_size):
             loss = loss_fn(labels, logits, sample_weight=weights)
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(gradients, model.trainable_variables)
-        return loss
+        return loss, logits
 
     return step
 
@@ -95,7 +96,7 @@ def rows(trainer, yardstick, iterator, loops):
     """Each row as a function that runs `steps` steps and waits for their results."""
     def keras_row(steps):
         for _ in range(steps):
-            loss = yardstick(*next(iterator))
+            loss = yardstick(*next(iterator))[0]
         float(loss)
 
     def step_row(steps):
@@ -117,7 +118,7 @@ def loop_row(trainer, iterator, per_loop):
 class Timing(NamedTuple):
     seconds: float  # wall
     cpu: float  # this process, every thread (os.times)
-    value: Any  # what the row returned (benchmarks/host_loss.py: its input wait)
+    value: Any  # what the row returned (host_loss.py, loop_overhead.py: its input wait)
 
 
 def measure(run, steps) -> Timing:
@@ -166,6 +167,20 @@ def first_calls(args, loops):
         ratios = [run["cpu"] / base["cpu"] for run, base in zip(results[name], results["keras"])]
         print(f"| {name} | {statistics.median(run['seconds'] for run in results[name]):.1f} | "
               f"{spread(cpu, 1)} | {spread(ratios)} |")
+
+
+def for_each_dataset(datasets, bench):
+    """Runs `bench(dataset)` for each of `datasets` between the lines a loop benchmark's output starts and
+    ends with: its command, the devices TensorFlow sees, and the 1-minute load average before and after."""
+    print(f"command: python benchmarks/{Path(sys.argv[0]).name} " + shlex.join(sys.argv[1:]))
+    devices = [device.name for device in tf.config.list_logical_devices()]
+    details = [tf.config.experimental.get_device_details(gpu).get("device_name", "?")
+               for gpu in tf.config.list_physical_devices("GPU")]
+    print(f"devices: {devices} {details}; TensorFlow {tf.__version__}")
+    print(f"load average (1 min) before: {os.getloadavg()[0]:.2f}; cores: {len(os.sched_getaffinity(0))}")
+    for dataset in datasets:
+        bench(dataset)
+    print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
 
 
 def spread(values, digits=3):

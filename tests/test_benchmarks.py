@@ -1,8 +1,8 @@
-"""Smoke tests of the benchmarks: the throughput and host-loss scripts run on a tiny setting and print
-their rows and ratios, and the former entry point still dispatches to the two input scripts.
+"""Smoke tests of the benchmarks: the throughput, host-loss and loop-overhead scripts run on a tiny setting
+and print their rows and ratios, and the former entry point still dispatches to the two input scripts.
 
 The benchmarks themselves are scripts (benchmarks/throughput.py, benchmarks/host_loss.py, ...), not
-tests; this only checks that those two still run end to end against the real pipeline and trainer,
+tests; this only checks that those three still run end to end against the real pipeline and trainer,
 as a person would run them.
 """
 import importlib.util
@@ -20,15 +20,28 @@ import tensorflow as tf
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_benchmark(command):
+    """The stdout of a benchmark's command line, run from the project root; it must exit 0."""
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def run_loop_benchmark(script, *args):
+    """The stdout of a training-loop benchmark on LFW, which starts with the devices seen and ends with the load."""
+    out = run_benchmark([sys.executable, f"benchmarks/{script}", "--datasets", "lfw_pairs", *args])
+    assert f"command: python benchmarks/{script} --datasets lfw_pairs" in out
+    assert "devices: ['/device:CPU:0'] []" in out and re.search(r"load average \(1 min\) after: \d+\.\d\d", out)
+    return out
+
+
 @pytest.mark.slow
 def test_throughput_benchmark_runs_and_prints_ratios():
     command = [sys.executable, "benchmarks/throughput.py", "--datasets", "chest_xray", "--seconds", "0.3",
                "--repeats", "2", "--image-size", "default,32", "--batch-size", "8", "--only", "ceiling,a,c",
                "--quiet-wait", "0"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    out = run_benchmark(command)
     # The ceiling is the independent minimal decode, not the project's own load.
     assert "| ceiling | minimal TF decode (read, decode, bilinear resize, uint8)" in out
     assert "| a | Python loop + PIL" in out
@@ -60,13 +73,7 @@ def test_throughput_benchmark_runs_and_prints_ratios():
 
 @pytest.mark.slow
 def test_host_loss_benchmark_runs_and_prints_every_ceiling_and_each_loop():
-    command = [sys.executable, "benchmarks/host_loss.py", "--datasets", "lfw_pairs", "--loops", "1,2", "--jit",
-               "false,true", "--steps", "2", "--rounds", "2"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
-    assert "devices: ['/device:CPU:0'] []" in out and re.search(r"load average \(1 min\) after: \d+\.\d\d", out)
+    out = run_loop_benchmark("host_loss.py", "--loops", "1,2", "--jit", "false,true", "--steps", "2", "--rounds", "2")
     spread = r"\d+\.\d{3} \(\d+\.\d{3}–\d+\.\d{3}\)"
     rows = {name: re.search(rf"\| {name} \| [\d.]+ \| \d+ \| \d+ \| \d\.\d{{3}} \| ({spread}) \| ({spread}) \|", out)
             for name in ("ceiling, 1 per call", "ceiling, 2 per call", "ceiling XLA, 2 per call", "loop 1, jit False",
@@ -77,6 +84,19 @@ def test_host_loss_benchmark_runs_and_prints_every_ceiling_and_each_loop():
     assert min(ceiling_minima) == 1.0, out
     assert re.search(rf"lfw_pairs: looping gains the bare step {spread}× in steps/s at 2 vs 1 per call, saving "
                      r"-?\d+\.\d\d \(-?\d+\.\d\d–-?\d+\.\d\d\) ms per step", out), out
+
+
+@pytest.mark.slow
+def test_loop_overhead_benchmark_runs_and_prints_each_part_added():
+    out = run_loop_benchmark("loop_overhead.py", "--per-call", "2", "--jit", "false", "--steps", "4", "--rounds", "2")
+    assert "step jit_compile=False, 2 steps per call, 4 steps per row, 2 rounds" in out, out
+    ratio, added = r"\d+\.\d{3} \(\d+\.\d{3}–\d+\.\d{3}\)", r"-?\d+\.\d\d \(-?\d+\.\d\d–-?\d+\.\d\d\)"
+    # The resident row is the yardstick: exactly 1 in every round, and nothing above it to add to.
+    assert re.search(r"\| 1\. resident \| [\d.]+ \| \d+ \| \d+ \| — \| 1\.000 \(1\.000–1\.000\) \| — \|", out), out
+    for name, clocked in (("2. + iterator", False), ("3. + clocks", True), ("4. + device condition", True),
+                          ("5. + results", True), ("6. + pipeline", True), ("7. trainer", True)):
+        wait = r"\d\.\d{3}" if clocked else "—"
+        assert re.search(rf"\| {re.escape(name)} \| [\d.]+ \| \d+ \| \d+ \| {wait} \| {ratio} \| {added} \|", out), name
 
 
 def test_pil_baselines_decode_jpegs_reduced_where_c_decodes_a_window(real, monkeypatch):

@@ -171,7 +171,7 @@ def bench(dataset, per_call, jit, steps, rounds):
         rate = statistics.median(steps / run.seconds for run in runs)
         clocked = name == TRAINER or ROWS[name].clocks
         wait = f"{statistics.median(run.value / run.seconds for run in runs):.3f}" if clocked else "—"
-        added = "—" if above is None else spread([-ms for ms in saved_ms(results[above], runs, steps)], 2)
+        added = "—" if above is None else spread(saved_ms(runs, results[above], steps), 2)
         print(f"| {name} | {rate:.1f} | {rate * images / steps:.0f} | "
               f"{statistics.median(images / run.cpu for run in runs):.0f} | {wait} | "
               f"{spread([run.seconds / base.seconds for run, base in zip(runs, results[names[0]])])} | {added} |",

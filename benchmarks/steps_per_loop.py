@@ -15,12 +15,12 @@ trainer.steps_per_loop defaults to 1, a loop of 1 is the one-step call traced wi
 loop, as the runner runs it there. Reported per row (medians over rounds): steps/s, images/s
 (an LFW example is two images), images per CPU-second of this process (os.times, tf.data's
 threads included), and the input-wait fraction; per dataset, the median ratio of steps/s to the
-first loop length, with its spread (min–max over rounds). The 1-minute load average is printed
-before and after: on a shared machine it says how much the figures can be trusted.
+first loop length, with its spread (min–max over rounds). The devices TensorFlow sees are printed
+first, and the 1-minute load average before and after: on a shared machine it says how much the
+figures can be trusted.
 """
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -34,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
-from step_cost import loop_row, rotated_rounds, saved_ms, spread  # noqa: E402
+from step_cost import for_each_dataset, loop_row, rotated_rounds, saved_ms, spread  # noqa: E402
 from tf_harness.experiments import strategies  # noqa: E402
 from tf_harness.experiments.trainer import Trainer  # noqa: E402
 
@@ -96,11 +96,8 @@ def main():
     args = parser.parse_args()
     steps, rounds = per_dataset(args.steps, DEFAULT_STEPS), per_dataset(args.rounds, DEFAULT_ROUNDS)
     loops = [int(n) for n in args.loops.split(",")]
-    print("command: python benchmarks/steps_per_loop.py " + shlex.join(sys.argv[1:]))
-    print(f"load average (1 min) before: {os.getloadavg()[0]:.2f}; cores: {len(os.sched_getaffinity(0))}")
-    for dataset in args.datasets.split(","):
-        bench(dataset, loops, rounds[dataset], steps[dataset])
-    print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
+    for_each_dataset(args.datasets.split(","),
+                     lambda dataset: bench(dataset, loops, rounds[dataset], steps[dataset]))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The command line, `tf-harness` (or `python run.py` in a checkout): Hydra's main and its exit statuses,
-0 success, 2 bad config or usage, 130/143 interrupted by SIGINT/SIGTERM, 1 anything else.
+"""What the command lines (run.py, the TFRecord converter) share around their Hydra mains: the exit statuses,
+0 success, 2 bad config or usage, 130/143 interrupted by SIGINT/SIGTERM, 1 anything else, and one line per failure.
 
 Nothing here imports TensorFlow: a config is checked against experiments/schema.py first, so a bad
 one is reported in about a second, before TensorFlow's start-up messages.
@@ -22,7 +22,6 @@ warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigSto
 # it to raise instead lets this module print one line and exit 2.
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 
-import hydra  # noqa: E402
 from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
@@ -157,20 +156,3 @@ def exit_code(main) -> int:
         _to_run_log(f"error: {type(error).__name__}: {_one_line(error)}", "exit status 1")
         raise
     return _status
-
-
-def train_and_evaluate(cfg):
-    from tf_harness.experiments import runner  # TensorFlow starts here, once guarded has checked the config
-
-    return runner.run(cfg)  # the headline validation metric, or None
-
-
-# conf/ is the package tf_harness.conf, so the same configs are found in a checkout and when installed.
-@hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")
-def main(cfg):
-    return guarded(train_and_evaluate, cfg)  # the job's outcome: for Optuna, and experiments/sweep_report.py
-
-
-def command() -> int:
-    """`tf-harness dataset=chest_xray [key=value ...]`, or `-m` for a sweep; returns the exit status."""
-    return exit_code(main)

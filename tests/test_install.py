@@ -72,6 +72,7 @@ def test_site_packages_gains_only_the_tf_harness_namespace_with_every_file(venv)
         missing = _project_files(source / name) - _project_files(site / "tf_harness" / name)
         assert not missing, f"not installed from {name}/: {sorted(map(str, missing))}"
     assert (site / "tf_harness" / "data" / "imagenet_det_synsets.txt").is_file()
+    assert (site / "tf_harness" / "run.py").read_text() == (source / "run.py").read_text()  # the tf-harness command
 
 
 @pytest.mark.slow
@@ -79,7 +80,7 @@ def test_site_packages_gains_only_the_tf_harness_namespace_with_every_file(venv)
 def test_installed_commands_work_from_a_users_folder(venv, tmp_path, shadowing):
     venv_dir, _ = venv
     folder = _user_folder(tmp_path, "work", shadowing)
-    imported = _run(venv_dir, folder, "python", "-c", "import tf_harness.experiments.cli as m; print(m.__file__)")
+    imported = _run(venv_dir, folder, "python", "-c", "import tf_harness.run as m; print(m.__file__)")
     assert imported.stdout.strip().startswith(str(_site_packages(venv_dir))), imported.stdout + imported.stderr
 
     run_dir = tmp_path / "run"

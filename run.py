@@ -10,7 +10,7 @@ import sys
 # so a bad config is reported in about a second.
 from tf_harness.experiments import cli
 
-import hydra  # noqa: E402
+import hydra
 
 
 def train_and_evaluate(cfg):

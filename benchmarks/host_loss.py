@@ -2,7 +2,7 @@
 """How much of a train step is lost to the host: the trainer's loops against a device-bound ceiling.
 
     python benchmarks/host_loss.py [--datasets lfw_pairs,imagenet_det] [--loops 1,10,50]
-                                   [--jit null] [--steps 200] [--rounds 3]
+                                   [--jit null] [--steps 200] [--rounds 3] [--override pipeline.cache=memory ...]
 
 Rows per dataset, each timed after its trace and warm-up:
 - ceiling, N per call: the yardstick of benchmarks/step_cost.py (one plain Keras train step: cast
@@ -16,6 +16,8 @@ Rows per dataset, each timed after its trace and warm-up:
 - loop N, jit J: `Trainer.train_loop(iterator, N)` over the run's training pipeline (input_fn,
   as the runner builds it for the dataset's defaults), as the runner calls it, with
   trainer.steps_per_loop N and trainer.jit_compile J (each J of --jit: its own Trainer).
+
+Each --override (a Hydra override, e.g. pipeline.cache=memory) applies to every row's config.
 
 Host loss of a row = 1 - (the fastest ceiling's time per step / the row's), per round: the share
 of the row's step time in which the device could have been computing. The trainer's own extra
@@ -71,8 +73,8 @@ def ceiling_row(cfg, info, batch, per_loop, jit_compile):
     return run
 
 
-def bench(dataset, loops, jits, steps, rounds):
-    cfg = data_api.compose_defaults(dataset)
+def bench(dataset, loops, jits, steps, rounds, overrides):
+    cfg = data_api.compose_defaults(dataset, *overrides)
     tf.keras.utils.set_random_seed(cfg.seed)
     info = data_api.describe(cfg)
     strategy = strategies.make_strategy(cfg.strategy)
@@ -83,14 +85,15 @@ def bench(dataset, loops, jits, steps, rounds):
     rows = {f"ceiling, {n} per call": ceiling_row(cfg, info, batch, n, False) for n in loops}
     rows[f"ceiling XLA, {max(loops)} per call"] = ceiling_row(cfg, info, batch, max(loops), True)
     for jit in jits:
-        trainer = Trainer(data_api.compose_defaults(dataset, f"trainer.jit_compile={jit}"), info.spec, strategy,
-                          info.size)
+        trainer = Trainer(data_api.compose_defaults(dataset, *overrides, f"trainer.jit_compile={jit}"), info.spec,
+                          strategy, info.size)
         rows.update({f"loop {n}, jit {trainer.jit_compile}": loop_row(trainer, iterator, n) for n in loops})
     started = time.perf_counter()
     for name, run in rows.items():  # traces, then a warm-up that fills the pipeline's buffers and cache
         run(max(loops))
         run(max(loops))
-    print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size}, "
+    print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size} "
+          f"cache={cfg.pipeline.cache}, "
           f"{steps} steps per row, {rounds} rounds; traces + warm-up {time.perf_counter() - started:.1f} s", flush=True)
     results = rotated_rounds(rows, steps, rounds)
     images = cfg.pipeline.batch_size * (2 if info.spec.paired else 1) * steps
@@ -119,10 +122,11 @@ def main():
     parser.add_argument("--jit", default="null", help="trainer.jit_compile values, e.g. false,true; null: the default")
     parser.add_argument("--steps", type=int, default=200, help="steps per row and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--override", action="append", default=[], help="a Hydra override for every row, repeatable")
     args = parser.parse_args()
     loops = [int(n) for n in args.loops.split(",")]
     for_each_dataset(args.datasets.split(","),
-                     lambda dataset: bench(dataset, loops, args.jit.split(","), args.steps, args.rounds))
+                     lambda dataset: bench(dataset, loops, args.jit.split(","), args.steps, args.rounds, args.override))
 
 
 if __name__ == "__main__":

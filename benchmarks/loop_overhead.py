@@ -2,7 +2,7 @@
 """Which part of the trainer's loop costs it time over a bare step: the parts added one row at a time.
 
     python benchmarks/loop_overhead.py [--datasets lfw_pairs,imagenet_det] [--per-call 50] [--jit null]
-                                       [--steps 200] [--rounds 3]
+                                       [--steps 200] [--rounds 3] [--override pipeline.cache=memory ...]
 
 benchmarks/host_loss.py measures how far the trainer's loop is from a bare step; this says where the gap
 opens. Every row runs --per-call steps in one traced call. Rows 1 to 6 are a tf.while_loop written here,
@@ -26,6 +26,8 @@ step to the row above it:
 
 With --jit true the bare step is compiled with XLA and the loop around it is not, as the trainer does
 with trainer.jit_compile=true; --jit null takes the trainer's default here (the row names say which).
+Each --override (a Hydra override, e.g. pipeline.cache=memory) applies to every row's config, the
+pipeline's and the trainer's included.
 Rows run in paired rounds, the order rotated every round, so drift and other processes' load fall on
 every row alike. Reported per row (medians over rounds): steps/s, images/s (an LFW example is two
 images), images per CPU-second of this process (os.times: every thread, tf.data's included), the input
@@ -126,7 +128,7 @@ def bare_loop(step, fetch, per_call, parts, labels_dtype):
     return run
 
 
-def rows(cfg, info, per_call, jit_compile):
+def rows(cfg, info, per_call, jit_compile, overrides):
     """Each row as a function that runs `steps` steps, waits for their results and returns their input wait."""
     pipeline = iter(data_api.train_input(cfg, info.table, workdir=None, seed=cfg.seed))
     host_batch = next(pipeline)
@@ -141,24 +143,26 @@ def rows(cfg, info, per_call, jit_compile):
     step = tf.function(yardstick.python_function, jit_compile=True) if jit_compile else yardstick.python_function
     timed = {name: bare_loop(step, sources[parts.source], per_call, parts, host_batch[1].dtype)
              for name, parts in ROWS.items()}
-    trainer = Trainer(data_api.compose_defaults(cfg.dataset.name, f"trainer.jit_compile={str(jit_compile).lower()}"),
+    trainer = Trainer(data_api.compose_defaults(cfg.dataset.name, *overrides,
+                                                f"trainer.jit_compile={str(jit_compile).lower()}"),
                       info.spec, strategies.make_strategy(cfg.strategy), info.size)
     timed[TRAINER] = loop_row(trainer, pipeline, per_call)
     return timed
 
 
-def bench(dataset, per_call, jit, steps, rounds):
-    cfg = data_api.compose_defaults(dataset)
+def bench(dataset, per_call, jit, steps, rounds, overrides):
+    cfg = data_api.compose_defaults(dataset, *overrides)
     tf.keras.utils.set_random_seed(cfg.seed)
     info = data_api.describe(cfg)
     jit_compile = resolve_jit_compile(None if jit == "null" else jit == "true", replicas=1, deterministic=False)
     steps = per_call * max(1, steps // per_call)  # whole calls
-    timed = rows(cfg, info, per_call, jit_compile)
+    timed = rows(cfg, info, per_call, jit_compile, overrides)
     started = time.perf_counter()
     for run in timed.values():  # traces, then a warm-up that fills the pipeline's buffers
         run(per_call)
         run(per_call)
-    print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size}, "
+    print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size} "
+          f"cache={cfg.pipeline.cache}, "
           f"step jit_compile={jit_compile}, {per_call} steps per call, {steps} steps per row, {rounds} rounds; "
           f"traces + warm-up {time.perf_counter() - started:.1f} s", flush=True)
     results = rotated_rounds(timed, steps, rounds)
@@ -186,9 +190,10 @@ def main():
                         help="XLA for the step, as trainer.jit_compile; null: the trainer's default here")
     parser.add_argument("--steps", type=int, default=200, help="steps per row and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--override", action="append", default=[], help="a Hydra override for every row, repeatable")
     args = parser.parse_args()
     for_each_dataset(args.datasets.split(","),
-                     lambda dataset: bench(dataset, args.per_call, args.jit, args.steps, args.rounds))
+                     lambda dataset: bench(dataset, args.per_call, args.jit, args.steps, args.rounds, args.override))
 
 
 if __name__ == "__main__":

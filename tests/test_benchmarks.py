@@ -73,7 +73,9 @@ def test_throughput_benchmark_runs_and_prints_ratios():
 
 @pytest.mark.slow
 def test_host_loss_benchmark_runs_and_prints_every_ceiling_and_each_loop():
-    out = run_loop_benchmark("host_loss.py", "--loops", "1,2", "--jit", "false,true", "--steps", "2", "--rounds", "2")
+    out = run_loop_benchmark("host_loss.py", "--loops", "1,2", "--jit", "false,true", "--steps", "2", "--rounds", "2",
+                             "--override", "pipeline.batch_size=8", "--override", "pipeline.cache=memory")
+    assert "lfw_pairs: model=siamese_cnn batch=8 image_size=48 cache=memory, 2 steps per row" in out, out
     spread = r"\d+\.\d{3} \(\d+\.\d{3}–\d+\.\d{3}\)"
     rows = {name: re.search(rf"\| {name} \| [\d.]+ \| \d+ \| \d+ \| \d\.\d{{3}} \| ({spread}) \| ({spread}) \|", out)
             for name in ("ceiling, 1 per call", "ceiling, 2 per call", "ceiling XLA, 2 per call", "loop 1, jit False",
@@ -88,8 +90,10 @@ def test_host_loss_benchmark_runs_and_prints_every_ceiling_and_each_loop():
 
 @pytest.mark.slow
 def test_loop_overhead_benchmark_runs_and_prints_each_part_added():
-    out = run_loop_benchmark("loop_overhead.py", "--per-call", "2", "--jit", "false", "--steps", "4", "--rounds", "2")
-    assert "step jit_compile=False, 2 steps per call, 4 steps per row, 2 rounds" in out, out
+    out = run_loop_benchmark("loop_overhead.py", "--per-call", "2", "--jit", "false", "--steps", "4", "--rounds", "2",
+                             "--override", "pipeline.batch_size=8")
+    assert ("batch=8 image_size=48 cache=none, step jit_compile=False, 2 steps per call, 4 steps per row, "
+            "2 rounds") in out, out
     ratio, added = r"\d+\.\d{3} \(\d+\.\d{3}–\d+\.\d{3}\)", r"-?\d+\.\d\d \(-?\d+\.\d\d–-?\d+\.\d\d\)"
     # The resident row is the yardstick: exactly 1 in every round, and nothing above it to add to.
     assert re.search(r"\| 1\. resident \| [\d.]+ \| \d+ \| \d+ \| — \| 1\.000 \(1\.000–1\.000\) \| — \|", out), out

@@ -62,15 +62,16 @@ def _hold(prefix: str) -> bool:
     return True
 
 
-def checkpointable(kind: str) -> bool:
-    """Whether an input iterator over a `kind` cache may go into a checkpoint.
+def checkpointable(kind: str, task) -> bool:
+    """Whether `task`'s training input iterator, with `kind` of cache, may go into a checkpoint.
 
     A memory cache's iterator state holds every element cached so far, so each
     checkpoint would grow to the size of the decoded split. A disk cache's holds
     the per-shard files of a pass in progress, which a killed run leaves partial
-    and `clean_partial_cache` removes, so it cannot be restored.
+    and `clean_partial_cache` removes, so it cannot be restored. A task that draws
+    its training records (LFW's pairs) decodes them afresh, uncached, whatever the kind.
     """
-    return kind == "none"
+    return kind == "none" or task.DRAWS_TRAINING_RECORDS
 
 
 def cache(data, kind, model_dir, split):

@@ -83,13 +83,16 @@ def pad_batch(batch_size):
     return pad
 
 
-def record_source(task, table, split, training, tfrecord=None):
+def record_source(task, table, split, training, tfrecord=None, cache="none"):
     """The source of a split's records: sampled by the task when it draws its training records, else
-    TFRecord shards when `tfrecord` (tf_harness.data.tfrecords.TFRecordSettings) is given, else the table's rows."""
+    TFRecord shards when `tfrecord` (tf_harness.data.tfrecords.TFRecordSettings) is given, else the table's rows.
+    `cache` is pipeline.cache, which input_fn applies to every source but sampled ones."""
     if training and task.DRAWS_TRAINING_RECORDS:
-        if tfrecord is not None:
-            log.info("%s draws its training examples from the image files afresh; shards serve its evaluation",
-                     task.SPEC.name)
+        unused = [setting for setting, given in (("pipeline.source=tfrecord", tfrecord is not None),
+                                                 (f"pipeline.cache={cache}", cache != "none")) if given]
+        if unused:
+            log.info("%s draws its training examples from the image files afresh; %s serves its evaluation only",
+                     task.SPEC.name, " and ".join(unused))
         return SampledRecords(task, table)
     if tfrecord is not None:
         return TFRecordRecords(task, table, split, training, tfrecord)
@@ -187,7 +190,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files and image files that
             fail to decode are reported (data/unreadable.py).
     """
-    source = record_source(task, table, split, training, pipeline.tfrecord)
+    source = record_source(task, table, split, training, pipeline.tfrecord, pipeline.cache)
     batch_size = pipeline.batch_size
     if context is not None and context.num_input_pipelines > 1:
         # Each worker feeds its own replicas their share of the global batch, from its own examples.

@@ -163,7 +163,7 @@ class Estimator:
         """The training iterator and checkpoint manager, restored from the run directory's latest checkpoint."""
         cfg, trainer = self.cfg, self.trainer
         iterator = iter(self._input_fn("train", training=True))
-        save_input = cfg.trainer.checkpoint_input and caching.checkpointable(cfg.pipeline.cache)
+        save_input = cfg.trainer.checkpoint_input and caching.checkpointable(cfg.pipeline.cache, self.task)
         if cfg.trainer.checkpoint_input and not save_input:
             log.info("pipeline.cache=%s: checkpoints leave out the input iterator (see data/caching.py); a resumed "
                      "run starts its input stream over", cfg.pipeline.cache)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.data import caching
+from tf_harness.data import TASKS, caching
 from tf_harness.data.errors import ConfigError
 from tests.conftest import PROJECT, run_cli
 
@@ -127,8 +127,24 @@ def test_memory_cache_iterators_are_kept_out_of_checkpoints(tmp_path):
         prefix = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / f"after-{elements}" / "ckpt"))
         sizes.append(sum(os.path.getsize(path) for path in glob.glob(prefix + "*")))
     assert sizes[1] - sizes[0] > 1900 * 1000 * 0.9  # the ~1 kB elements cached in between
-    assert not caching.checkpointable("memory") and not caching.checkpointable("disk")
-    assert caching.checkpointable("none")
+    chest, lfw = TASKS["chest_xray"], TASKS["lfw_pairs"]
+    assert not caching.checkpointable("memory", chest) and not caching.checkpointable("disk", chest)
+    assert caching.checkpointable("none", chest)
+    # LFW's training pairs are drawn and decoded afresh: no cache holds them, so their iterator is saved.
+    assert all(caching.checkpointable(kind, lfw) for kind in ("none", "memory", "disk"))
+
+
+def test_lfw_with_a_memory_cache_says_its_training_pairs_are_uncached_and_checkpoints_its_input(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli("dataset=lfw_pairs", "pipeline.cache=memory", "trainer.train_steps=2", "trainer.eval_steps=1",
+                     "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (run_dir / "run.log").read_text()
+    assert ("lfw_pairs draws its training examples from the image files afresh; pipeline.cache=memory serves its "
+            "evaluation only") in log, log
+    assert "checkpoints leave out the input iterator" not in log, log
+    saved = [name for name, _ in tf.train.list_variables(str(run_dir / "checkpoints"))]
+    assert any(name.startswith("input_iterator") for name in saved), saved
 
 
 @pytest.mark.slow

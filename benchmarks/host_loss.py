@@ -17,7 +17,8 @@ Rows per dataset, each timed after its trace and warm-up:
   as the runner builds it for the dataset's defaults), as the runner calls it, with
   trainer.steps_per_loop N and trainer.jit_compile J (each J of --jit: its own Trainer).
 
-Each --override (a Hydra override, e.g. pipeline.cache=memory) applies to every row's config.
+Each --override (a Hydra override, e.g. pipeline.cache=memory, which takes decoding out of DET's rows; LFW's
+drawn training pairs are never cached) applies to every row's config.
 
 Host loss of a row = 1 - (the fastest ceiling's time per step / the row's), per round: the share
 of the row's step time in which the device could have been computing. The trainer's own extra

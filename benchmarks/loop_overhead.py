@@ -26,8 +26,8 @@ step to the row above it:
 
 With --jit true the bare step is compiled with XLA and the loop around it is not, as the trainer does
 with trainer.jit_compile=true; --jit null takes the trainer's default here (the row names say which).
-Each --override (a Hydra override, e.g. pipeline.cache=memory) applies to every row's config, the
-pipeline's and the trainer's included.
+Each --override (a Hydra override, e.g. pipeline.cache=memory, which takes decoding out of DET's pipeline;
+LFW's drawn training pairs are never cached) applies to every row's config, the trainer's included.
 Rows run in paired rounds, the order rotated every round, so drift and other processes' load fall on
 every row alike. Reported per row (medians over rounds): steps/s, images/s (an LFW example is two
 images), images per CPU-second of this process (os.times: every thread, tf.data's included), the input

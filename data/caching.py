@@ -62,16 +62,21 @@ def _hold(prefix: str) -> bool:
     return True
 
 
+def applies(kind: str, drawn: bool) -> bool:
+    """Whether a `kind` cache holds a split's records: never for records drawn afresh in the graph
+    (LFW's training pairs), which have no epoch to cache, whatever the kind."""
+    return kind != "none" and not drawn
+
+
 def checkpointable(kind: str, task) -> bool:
     """Whether `task`'s training input iterator, with `kind` of cache, may go into a checkpoint.
 
     A memory cache's iterator state holds every element cached so far, so each
     checkpoint would grow to the size of the decoded split. A disk cache's holds
     the per-shard files of a pass in progress, which a killed run leaves partial
-    and `clean_partial_cache` removes, so it cannot be restored. A task that draws
-    its training records (LFW's pairs) decodes them afresh, uncached, whatever the kind.
+    and `clean_partial_cache` removes, so it cannot be restored.
     """
-    return kind == "none" or task.DRAWS_TRAINING_RECORDS
+    return not applies(kind, drawn=task.DRAWS_TRAINING_RECORDS)
 
 
 def cache(data, kind, model_dir, split):

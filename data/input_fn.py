@@ -199,7 +199,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         log.info("Worker %d of %d: %s, %d examples of every global batch of %d", context.input_pipeline_id, workers,
                  "its own pair draws" if source.endless else f"its 1/{workers} of the {split} split", batch_size,
                  pipeline.batch_size)
-    cached = pipeline.cache != "none" and not source.endless
+    cached = caching.applies(pipeline.cache, drawn=source.endless)
 
     # This worker's share of the cheap records (paths and labels, or serialized examples).
     data = source.records(pipeline.seed, context)

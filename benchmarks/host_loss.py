@@ -45,7 +45,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
-from step_cost import for_each_dataset, keras_step, loop_row, rotated_rounds, saved_ms, spread  # noqa: E402
+from step_cost import (for_each_dataset, keras_step, loop_row, rotated_rounds, saved_ms, settings,  # noqa: E402
+                       spread)
 from tf_harness.experiments import strategies  # noqa: E402
 from tf_harness.experiments.trainer import Trainer  # noqa: E402
 
@@ -93,8 +94,7 @@ def bench(dataset, loops, jits, steps, rounds, overrides):
     for name, run in rows.items():  # traces, then a warm-up that fills the pipeline's buffers and cache
         run(max(loops))
         run(max(loops))
-    print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size} "
-          f"cache={cfg.pipeline.cache}, "
+    print(f"{dataset}: {settings(cfg)}, "
           f"{steps} steps per row, {rounds} rounds; traces + warm-up {time.perf_counter() - started:.1f} s", flush=True)
     results = rotated_rounds(rows, steps, rounds)
     images = cfg.pipeline.batch_size * (2 if info.spec.paired else 1) * steps

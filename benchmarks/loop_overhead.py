@@ -51,7 +51,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
-from step_cost import for_each_dataset, keras_step, loop_row, rotated_rounds, saved_ms, spread  # noqa: E402
+from step_cost import (for_each_dataset, keras_step, loop_row, rotated_rounds, saved_ms, settings,  # noqa: E402
+                       spread)
 from tf_harness.experiments import strategies  # noqa: E402
 from tf_harness.experiments.trainer import Trainer, resolve_jit_compile  # noqa: E402
 
@@ -161,8 +162,7 @@ def bench(dataset, per_call, jit, steps, rounds, overrides):
     for run in timed.values():  # traces, then a warm-up that fills the pipeline's buffers
         run(per_call)
         run(per_call)
-    print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size} "
-          f"cache={cfg.pipeline.cache}, "
+    print(f"{dataset}: {settings(cfg)}, "
           f"step jit_compile={jit_compile}, {per_call} steps per call, {steps} steps per row, {rounds} rounds; "
           f"traces + warm-up {time.perf_counter() - started:.1f} s", flush=True)
     results = rotated_rounds(timed, steps, rounds)

@@ -183,6 +183,12 @@ def for_each_dataset(datasets, bench):
     print(f"load average (1 min) after: {os.getloadavg()[0]:.2f}")
 
 
+def settings(cfg) -> str:
+    """The run settings a benchmark's rows share, as its header names them."""
+    return (f"model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size} "
+            f"cache={cfg.pipeline.cache}")
+
+
 def spread(values, digits=3):
     return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
@@ -227,8 +233,7 @@ def main():
 
 def report(args, cfg, results, steps, images):
     """The table: medians over rounds, and per-round ratios to the yardstick with their spread."""
-    print(f"\n{args.dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} "
-          f"image_size={cfg.pipeline.image_size}, {steps} steps per row, {args.rounds} rounds")
+    print(f"\n{args.dataset}: {settings(cfg)}, {steps} steps per row, {args.rounds} rounds")
     print("| row | steps/s | images/CPU-s | time per step ÷ keras (min–max) | CPU per step ÷ keras (min–max) |\n"
           "|---|---|---|---|---|")
     for name in results:

@@ -34,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import data_api  # noqa: E402
-from step_cost import for_each_dataset, loop_row, rotated_rounds, saved_ms, spread  # noqa: E402
+from step_cost import for_each_dataset, loop_row, rotated_rounds, saved_ms, settings, spread  # noqa: E402
 from tf_harness.experiments import strategies  # noqa: E402
 from tf_harness.experiments.trainer import Trainer  # noqa: E402
 
@@ -64,7 +64,7 @@ def bench(dataset, loops, rounds, steps):
     started = time.perf_counter()
     trainer.train_loop(iterator, 3)  # the loop's one trace, which serves every loop length, and the pipeline's warm-up
     trainer.train_loop(iterator, 1)  # and the one-step call's, which loops of 1 use with steps_per_loop 1 (CPU's default)
-    print(f"{dataset}: model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size}, "
+    print(f"{dataset}: {settings(cfg)}, "
           f"{steps} steps per row; trace + warm-up {time.perf_counter() - started:.1f} s", flush=True)
     rows = rotated_rounds({per_loop: loop_row(trainer, iterator, per_loop) for per_loop in loops}, steps, rounds)
     batch_images = cfg.pipeline.batch_size * images_per_example

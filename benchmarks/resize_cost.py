@@ -11,7 +11,7 @@ Rows, each read, decode_png (one channel), resize, uint8, in the same parallel m
               more, then TensorFlow's antialiased bilinear resize, written here
     project   tf_harness.data.images.resize
 
-The default files are the real NIH fixtures (../shared/fixtures/real/nih/images); the embedded sample's
+The default files are the real NIH fixtures (tests/fixtures/real/nih/images); the embedded sample's
 PNGs are under ~/.cache/tf-harness/samples/chest_xray-v2/images. Ratios are medians of per-round ratios
 to the ceiling, with their min–max.
 """
@@ -25,7 +25,7 @@ import data_api  # noqa: F401  (puts the project on sys.path)
 import numpy as np
 import tensorflow as tf
 
-REAL_NIH = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real" / "nih" / "images" / "*.png"
+REAL_NIH = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real" / "nih" / "images" / "*.png"
 
 
 def to_uint8(image):

@@ -8,7 +8,8 @@ import pytest
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF = PROJECT / "conf"
-REAL = PROJECT.parent / "shared" / "fixtures" / "real"
+# Real sample files of the three datasets, kept in the repository (their origin and terms: NOTICE.md there).
+REAL = PROJECT / "tests" / "fixtures" / "real"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,7 +30,8 @@ def real():
 def require_real_fixtures():
     """The real sample files are part of the test set-up: without them a test fails, never skips."""
     if not REAL.exists():
-        pytest.fail(f"real fixtures not found at {REAL}: the tests need ../shared/fixtures/real beside the project")
+        pytest.fail(f"real fixtures not found at {REAL}: they are part of the repository; restore them with "
+                    f"`git checkout -- tests/fixtures`")
 
 
 def compose(*overrides):

@@ -14,7 +14,7 @@ from tf_harness.data.images import Decode
 from tf_harness.data.samples import imagenet_det as sample
 from tf_harness.data.skipped import SkipLog
 from tf_harness.experiments.schema import first_problem
-from tests.conftest import REAL, compose, event_tags, run_cli
+from tests.conftest import REAL, compose, event_tags, require_real_fixtures, run_cli
 
 REAL_MAP_DET = REAL / "ilsvrc_det" / "map_det.txt"
 AIRPLANE, APPLE = "n02691156", "n07739125"  # DET synsets 2 and 5 in devkit order
@@ -74,10 +74,10 @@ def label(wnid):
 def test_synsets_are_the_200_of_the_real_devkit_list_in_order():
     packaged = imagenet_det.read_synsets()
     assert len(packaged) == 200 and len(set(imagenet_det.WNIDS)) == 200
-    if REAL_MAP_DET.exists():  # the package must work without ../shared, so this check is optional
-        assert packaged == imagenet_det.read_synsets(REAL_MAP_DET)
-        lines = REAL_MAP_DET.read_text().split("\n")
-        assert [line.split()[0] for line in lines if line.strip()] == list(imagenet_det.WNIDS)
+    require_real_fixtures()
+    assert packaged == imagenet_det.read_synsets(REAL_MAP_DET)
+    lines = REAL_MAP_DET.read_text().split("\n")
+    assert [line.split()[0] for line in lines if line.strip()] == list(imagenet_det.WNIDS)
     assert packaged[1] == (AIRPLANE, "airplane") and packaged[4] == (APPLE, "apple")
     assert imagenet_det.SPEC.task == "multiclass"
     assert imagenet_det.SPEC.class_names[-1] == "background"

@@ -10,6 +10,9 @@ import sys
 import uuid
 import warnings
 
+# First of the project: its clock times the start-up from here, within milliseconds of the interpreter's start.
+from tf_harness.experiments import startup
+
 # Before TensorFlow is imported: keep its C++ start-up chatter out of the user's terminal. The mark
 # tells experiments/startup.py (here and in a launcher's job processes) that the user left it unset.
 if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
@@ -26,7 +29,7 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from tf_harness.experiments import interrupts, os_errors, run_directory, schema, startup  # noqa: E402
+from tf_harness.experiments import interrupts, os_errors, run_directory, schema  # noqa: E402
 
 log = logging.getLogger(__name__)
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
@@ -63,7 +66,7 @@ def _to_run_log(*lines) -> None:
 def _report(error, prefix, status=None) -> None:
     line = f"{prefix}: {_one_line(error)}"
     print(line, file=sys.stderr)
-    _to_run_log(line, *([f"exit status {status}"] if status is not None else []))
+    _to_run_log(line, *([_closing(status, "stopped by a config error")] if status is not None else []))
 
 
 _status = 0
@@ -89,11 +92,26 @@ def note_status(status) -> None:
     _status = max(_status, status)
 
 
+def _closing(status, outcome) -> str:
+    """run.log's last line: how the run ended and its exit status."""
+    return f"run {outcome}, exit status {status}"
+
+
+# The folder that already existed on the path of the command line's hydra.run.dir, read before Hydra made it.
+_existing_run_dir = None
+
+
 def _failed(line, status) -> Outcome:
-    """One job failed: one line on stderr; run.log gets it and the job's exit status. Returns the job's outcome."""
+    """One job failed: one line on stderr; run.log gets it and its closing line. A config error in a run
+    directory this process created removes it. Returns the job's outcome."""
     print(line, file=sys.stderr)
-    _to_run_log(line, f"exit status {status}")
+    _to_run_log(line, _closing(status, "stopped by a config error" if status == 2 else "failed"))
     note_status(status)
+    if status == 2:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:  # a sweep's jobs keep their record
+            run_directory.discard_failed_start(HydraConfig.get().runtime.output_dir, _existing_run_dir)
     return Outcome(None, status, line)
 
 
@@ -107,6 +125,7 @@ def guarded(task, cfg) -> Outcome:
     once the config has passed, and return the headline validation metric or None. Returns the job's
     Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweep_report.py).
     """
+    startup.job_started()
     # Re-entering a recorded run directory runs its saved config, changed only in run-control keys.
     cfg, problem = run_directory.effective(cfg)
     problem = problem or schema.first_problem(cfg, os.environ)
@@ -129,12 +148,15 @@ def guarded(task, cfg) -> Outcome:
         if line is None:
             raise
         return _failed(f"error: {line}", 1)
+    _to_run_log(_closing(0, "finished"))
     return Outcome(metric)
 
 
 def exit_code(main) -> int:
     """Runs a Hydra main function and returns the documented exit status."""
+    global _existing_run_dir
     interrupts.install()  # from here on, a signal at any instant exits 130/143 (the runner saves first)
+    _existing_run_dir = run_directory.existing_ancestor(sys.argv[1:])
     try:
         # Re-entering a recorded run directory composes its own dataset, model and experiment.
         sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])
@@ -145,7 +167,8 @@ def exit_code(main) -> int:
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as tf_harness.experiments.interrupts.Interrupted
         status = interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
         print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)
-        _to_run_log(f"interrupted{f' by {error}' if str(error) else ''}", f"exit status {status}")
+        _to_run_log(f"interrupted{f' by {error}' if str(error) else ''}",
+                    _closing(status, f"interrupted{f' by {error}' if str(error) else ''}"))
         return status
     except Exception as error:
         line = os_errors.describe(error)  # Hydra's own writes: the run directory, .hydra/, run.log
@@ -153,6 +176,6 @@ def exit_code(main) -> int:
             print(f"error: {line}", file=sys.stderr)
             return 1
         # A bug: Python prints the traceback; run.log still says what happened.
-        _to_run_log(f"error: {type(error).__name__}: {_one_line(error)}", "exit status 1")
+        _to_run_log(f"error: {type(error).__name__}: {_one_line(error)}", _closing(1, "failed (traceback on stderr)"))
         raise
     return _status

@@ -214,6 +214,59 @@ def effective(cfg):
     return merged, None
 
 
+# What Hydra itself writes into a new run directory before the job starts, and the run lock the runner takes
+# first: a directory holding nothing else holds nothing of a run.
+_HYDRA_ONLY = {".hydra", "run.log", ".lock"}
+_HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+
+
+def existing_ancestor(args):
+    """The nearest folder that already exists on the path the command line's `hydra.run.dir=` names (the
+    folder itself when it exists); None when the command line names none. Read before Hydra creates it."""
+    run_dirs = [arg.partition("=")[2] for arg in args if arg.startswith("hydra.run.dir=")]
+    if not run_dirs:
+        return None
+    path = Path(run_dirs[-1].strip("'\"")).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def discard_failed_start(run_dir, existing) -> bool:
+    """Removes the run directory of a start that failed before it ran, so a typo leaves no folder behind.
+
+    Only a directory this process created goes: `existing` is what `existing_ancestor` found before Hydra
+    started (None when conf/'s dated pattern named the directory, new by its random id), and the
+    directory must hold only Hydra's own `.hydra/` files, run.log and the run lock. Empty folders above it
+    that this process created go too. Returns whether it removed anything.
+    """
+    import shutil
+
+    run_dir = Path(run_dir).absolute()
+    if existing is not None and existing not in run_dir.parents:
+        return False  # the folder was there before this process (or is not the one named): none of it is ours
+    try:
+        entries = {path.name for path in run_dir.iterdir()}
+        hydra = run_dir / ".hydra"
+        hydra_files = {path.name for path in hydra.iterdir()} if hydra.is_dir() else set()
+    except OSError:
+        return False
+    if not entries <= _HYDRA_ONLY or not hydra_files <= _HYDRA_FILES:
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    # Empty folders above it that this process made: those below the one that existed, or conf/'s dated folder.
+    if existing is not None:
+        above = [parent for parent in run_dir.parents if existing in parent.parents]
+    else:
+        above = [run_dir.parent] if run_dir.parent != Path.cwd().absolute() else []
+    for parent in above:
+        try:
+            parent.rmdir()  # only an empty folder goes
+        except OSError:
+            break
+    return not run_dir.exists()
+
+
 # The input pipeline whose iterator each checkpoint holds. A re-entry may change pipeline.source, pipeline.cache,
 # dataset.root and the strategy; a saved iterator restored into another pipeline would fail, so a resume compares
 # the checkpoint's pipeline with its own and, when they differ, restarts the input stream (runner.py).

@@ -60,7 +60,7 @@ def test_a_run_that_fails_ends_its_run_log_with_the_error_and_exit_status(tmp_pa
     error = result.stdout.strip().splitlines()[-1]
     assert error.startswith("error: ")
     last = (tmp_path / "run.log").read_text().strip().splitlines()[-2:]
-    assert last[0].endswith(f"[ERROR] - {error}") and last[1].endswith("[ERROR] - exit status 1"), last
+    assert last[0].endswith(f"[ERROR] - {error}") and last[1].endswith("[ERROR] - run failed, exit status 1"), last
 
 
 def test_a_config_error_prints_one_line_and_goes_to_run_log(tmp_path):
@@ -68,7 +68,8 @@ def test_a_config_error_prints_one_line_and_goes_to_run_log(tmp_path):
     assert result.returncode == 2
     assert result.stdout.splitlines() == [result.stdout.strip()]  # one line, stdout and stderr together
     last = (tmp_path / "run.log").read_text().strip().splitlines()[-2:]
-    assert last[0].endswith(f"[ERROR] - {result.stdout.strip()}") and last[1].endswith("exit status 2"), last
+    assert last[0].endswith(f"[ERROR] - {result.stdout.strip()}")
+    assert last[1].endswith("run stopped by a config error, exit status 2"), last
 
 
 @pytest.mark.parametrize("line, level, harness_default, shown", [
@@ -84,3 +85,54 @@ def test_start_up_lines_follow_tf_cpp_min_log_level(line, level, harness_default
     """TF_CPP_MIN_LOG_LEVEL the user set is honoured, even by lines TensorFlow writes before it reads it."""
     from tf_harness.experiments.startup import _chatter
     assert _chatter(line, level, harness_default) is not shown
+
+
+def test_the_imports_lap_counts_from_the_interpreter_not_from_a_shell_that_execs_it():
+    """A shell that sets up, then `exec`s python, hands on its own start time: the lap must not count it."""
+    script = ("from tf_harness.experiments import cli, startup; "
+              "print(startup.StartupClock().laps[0][1])")
+    result = subprocess.run(["sh", "-c", 'sleep 5; exec "$0" "$@"', sys.executable, "-c", script], cwd=PROJECT,
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert 0.0 < float(result.stdout) < 5.0, result.stdout
+
+
+def test_each_job_of_a_process_times_its_imports_from_its_own_start(monkeypatch):
+    """The basic launcher runs a sweep's jobs one after another in one process: a later job's imports lap
+    starts with that job, not with the process."""
+    import time
+    from tf_harness.experiments import startup
+    monkeypatch.setattr(startup, "_job_start", None)
+    monkeypatch.setattr(startup, "_INTERPRETER_READY", time.perf_counter() - 100.0)
+    startup.job_started()
+    assert startup.StartupClock().laps[0][1] >= 100.0  # the first job: from the interpreter's start
+    startup.job_started()
+    assert startup.StartupClock().laps[0][1] < 1.0  # the next one: from its own start
+
+
+def test_run_log_ends_with_the_outcome_and_exit_status(smoke):
+    run_dir, _ = smoke
+    last = (run_dir / "run.log").read_text().strip().splitlines()[-1]
+    assert last.endswith("- run finished, exit status 0"), last
+
+
+def test_a_config_error_leaves_no_run_folder_behind(tmp_path):
+    run_dir = tmp_path / "outputs" / "new" / "run"
+    result = run_merged(*SMOKE, "dataset.root=/nonexistent/root", f"hydra.run.dir={run_dir}", timeout=60)
+    assert result.returncode == 2 and result.stdout.startswith("config error: "), result.stdout
+    assert not (tmp_path / "outputs").exists(), sorted(map(str, tmp_path.rglob("*")))
+
+
+def test_a_config_error_leaves_no_dated_run_folder_behind(tmp_path):
+    """conf/'s own pattern, outputs/<date>/<time>_<dataset>_<id>, under the folder the command runs in."""
+    (tmp_path / "outputs").mkdir()
+    result = subprocess.run([sys.executable, str(PROJECT / "run.py"), *SMOKE, "dataset.root=/nonexistent/root"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.startswith("config error: "), result.stderr
+    assert list((tmp_path / "outputs").iterdir()) == [], sorted(map(str, tmp_path.rglob("*")))
+
+
+def test_a_config_error_in_a_folder_that_existed_leaves_it_and_its_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    result = run_merged(*SMOKE, "dataset.root=/nonexistent/root", f"hydra.run.dir={tmp_path}", timeout=60)
+    assert result.returncode == 2
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "run.log").is_file()

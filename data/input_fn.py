@@ -177,7 +177,7 @@ def _numbered_first_epoch_guarded(data, load, guard, first_epoch):
 
 
 def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
-    """Builds the pipeline of one split, in DESIGN's order: source, shard, shuffle, load, cache, batch, prefetch.
+    """Builds the pipeline of one split, in this order: source, shard, shuffle, load, cache, batch, prefetch.
 
     Args:
         task: the dataset's Task (data/task.py).
@@ -234,5 +234,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         # Everything above, the decode included, runs on the service's workers; only batches come here.
         # Evaluation stays local: the service neither keeps table order nor promises every example once.
         data = service.distribute(data, pipeline.service)
+    log.info("Built the %s input pipeline: batches of %d, %s, cache %s", split, batch_size,
+             "shuffled and repeated" if training else "each example once, in table order", pipeline.cache)
     # Overlap input with the model step.
     return data.prefetch(AUTOTUNE)

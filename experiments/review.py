@@ -4,15 +4,12 @@ The PR curves and the confusion matrix are drawn from the labels and probabiliti
 so they cost no second pass over the validation split.
 """
 import contextlib
-import dataclasses
 import logging
 
 import numpy as np
 import tensorflow as tf
 from sklearn.metrics import confusion_matrix
 from tensorboard.plugins.pr_curve import summary as pr_summary
-
-from tf_harness.data.input_fn import input_fn
 
 log = logging.getLogger(__name__)
 INPUT_EXAMPLES = 4  # training inputs shown at the start of a run
@@ -35,12 +32,29 @@ def _label_text(label, spec):
     return spec.class_names[int(label[0])]
 
 
-def training_batch(task, table, pipeline, preprocess, step):
-    """A training batch as the train step sees it, augmented and normalised for global step `step`: (features,
-    labels). It comes from a one-batch copy of the training input without a cache, since the run's own iterator
-    must not move and a second disk cache would clash with the first one's lockfile."""
-    data = input_fn(task, table, dataclasses.replace(pipeline, cache="none"), split="train", training=True)
-    features, labels, _ = next(iter(data))
+def peek(iterator):
+    """The iterator's next element, with the iterator left where it was; None when its state cannot be saved (a
+    tf.data service stream). The state is saved in memory and restored, as a checkpoint of the iterator would be:
+    a second copy of the training pipeline would cost its own start, and a second disk cache would clash with the
+    first one's lockfile."""
+    try:
+        state = iterator._serialize_to_tensors()  # the saveable that tf.train.Checkpoint(iterator=...) writes
+    except (tf.errors.OpError, ValueError, TypeError) as error:
+        log.info("The training inputs are not shown in TensorBoard: the input iterator cannot save its position "
+                 "(%s)", str(error).splitlines()[0] if str(error) else type(error).__name__)
+        return None
+    element = next(iterator)
+    iterator._restore_from_tensors(state)
+    return element
+
+
+def training_batch(iterator, preprocess, step):
+    """The next training batch as the train step will see it, augmented and normalised for global step `step`:
+    (features, labels), with `iterator` left where it was (peek); None when it cannot be peeked at."""
+    element = peek(iterator)
+    if element is None:
+        return None
+    features, labels, _ = element
     return preprocess(features, training=True, step=tf.constant(step, tf.int64)), labels.numpy()
 
 

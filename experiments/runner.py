@@ -218,9 +218,11 @@ class Estimator:
         window = []
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
         try:
+            # The first batch this run trains on, read from the training iterator itself, which stays where it was.
             if step < target and self.summaries.enabled:
-                self.summaries.inputs(*review.training_batch(self.task, self.tables["train"], self.pipeline,
-                                                             trainer.preprocess, step), self.spec, step)
+                shown = review.training_batch(iterator, trainer.preprocess, step)
+                if shown is not None:
+                    self.summaries.inputs(*shown, self.spec, step)
             if evaluate and 0 < step < target and step % cfg.trainer.eval_every == 0 and not self._evaluated(step):
                 log.info("Redoing the evaluation at global step %d, which was interrupted", step)
                 self.evaluate()

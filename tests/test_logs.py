@@ -136,3 +136,13 @@ def test_a_config_error_in_a_folder_that_existed_leaves_it_and_its_files(tmp_pat
     result = run_merged(*SMOKE, "dataset.root=/nonexistent/root", f"hydra.run.dir={tmp_path}", timeout=60)
     assert result.returncode == 2
     assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "run.log").is_file()
+
+
+def test_two_input_pipelines_are_built_before_the_first_step_and_the_inputs_image_is_its_batch(smoke):
+    """Validation and training: TensorBoard's training inputs come from the training iterator itself."""
+    run_dir, output = smoke
+    before_first_step = output[:output.index("Time to the first step")]
+    assert re.findall(r"Built the (\w+) input pipeline", before_first_step) == ["validation", "train"], output[-3000:]
+    from tests.conftest import event_tags
+    _, tags = event_tags(run_dir / "train")
+    assert "inputs" in tags

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tensorboard.plugins.pr_curve import metadata as pr_metadata
 
 from tf_harness.data.spec import DatasetSpec
-from tests.conftest import compose, event_tags, run_cli, tables_of, task_of
+from tests.conftest import compose, event_tags, make_input, run_cli, tables_of, task_of
 
 CHEST = DatasetSpec(name="chest_xray", task="multilabel", class_names=("Atelectasis", "Effusion", "Mass"), channels=1)
 LFW = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3, paired=True)
@@ -37,21 +37,26 @@ def test_training_inputs_show_both_images_of_a_pair_side_by_side_with_their_labe
     assert "1: same person; 2: different people" in accumulator.SummaryMetadata("inputs").summary_description
 
 
-def test_training_inputs_come_augmented_and_normalised_from_the_run_pipeline():
-    from tf_harness.data.input_fn import Pipeline
+def test_training_inputs_come_augmented_and_normalised_from_the_run_iterator_which_stays_where_it_was():
     from tf_harness.data.preprocessing import Preprocessing
     from tf_harness.experiments import review
     cfg = compose("dataset=lfw_pairs", "experiment=smoke")
     preprocess = Preprocessing.from_config(cfg)
-    features, labels = review.training_batch(task_of(cfg), tables_of(cfg)["train"], Pipeline.from_config(cfg),
-                                             preprocess, step=0)
+    iterator = iter(make_input(cfg, tables_of(cfg)["train"], training=True, split="train"))
+    next(iterator)  # somewhere in the stream, as after a resume
+    features, labels = review.training_batch(iterator, preprocess, step=0)
     assert len(features) == 2 and features[0].shape == (4, 32, 32, 3) and features[0].dtype == tf.float32
     assert len(labels) == 4
-    # unit_range, not uint8: what the model sees; another step draws another augmentation.
+    # unit_range, not uint8: what the model sees.
     assert -1.0 <= float(tf.reduce_min(features[0])) and float(tf.reduce_max(features[0])) <= 1.0
-    again, _ = review.training_batch(task_of(cfg), tables_of(cfg)["train"], Pipeline.from_config(cfg),
-                                     preprocess, step=7)
-    assert not np.allclose(features[0].numpy(), again[0].numpy())
+    # The batch shown is the one training reads next: the iterator did not move.
+    (images_a, _), next_labels, _ = next(iterator)
+    assert np.array_equal(next_labels.numpy(), labels)
+    shown_again = preprocess((images_a, images_a), training=True, step=tf.constant(0, tf.int64))[0]
+    assert np.allclose(shown_again.numpy(), features[0].numpy())
+    # Another step draws another augmentation.
+    other_step = preprocess((images_a, images_a), training=True, step=tf.constant(7, tf.int64))[0]
+    assert not np.allclose(other_step.numpy(), features[0].numpy())
 
 
 def pr_tags(tags, accumulator):

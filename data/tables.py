@@ -1,6 +1,6 @@
 """A dataset's index tables: where the data is, its rows per split, and which image files decode.
 
-This is DESIGN's step 1 (index once, in Python) around a Task's own `index`.
+This is the pipeline's first step (index once, in Python; docs/input-pipeline.md) around a Task's own `index`.
 """
 import logging
 from pathlib import Path

@@ -30,7 +30,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 SAVED = Path(".hydra") / "config.yaml"
-# Keys the command line may change on re-entry (DESIGN.md, "hydra.run.dir"); `strategy` is the whole group.
+# Keys the command line may change on re-entry (docs/run-directory.md); `strategy` is the whole group.
 RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eval_steps", "trainer.checkpoint_every",
                "trainer.log_every", "trainer.steps_per_loop", "trainer.jit_compile", "trainer.profile_steps",
                "dataset.root", "pipeline.source", "pipeline.cache", "pipeline.service")

@@ -56,6 +56,10 @@ def run(cfg):
     interrupts.install()  # SIGINT/SIGTERM: save a checkpoint, then exit 130/143
     if run_lock.hold(model_dir):  # exit 2 if another process runs here; only the holder may clean up
         leftovers.remove(model_dir)
+    if cfg.mode in run_directory.EVALUATION_MODES and not any((model_dir / "checkpoints").glob("ckpt-*.index")):
+        # Before anything is written: a directory with no checkpoint must not become a recorded run of this mode.
+        raise ConfigError(f"mode={cfg.mode} needs a checkpoint in {model_dir / 'checkpoints'}; train into that run "
+                          f"directory first (hydra.run.dir=...)")
     log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     log.info("Run directory: %s", model_dir)
     # Multirun jobs share this process: start each from a clean Keras state.

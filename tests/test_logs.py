@@ -146,3 +146,17 @@ def test_two_input_pipelines_are_built_before_the_first_step_and_the_inputs_imag
     from tests.conftest import event_tags
     _, tags = event_tags(run_dir / "train")
     assert "inputs" in tags
+
+
+def test_a_first_evaluate_or_predict_without_a_checkpoint_records_nothing(tmp_path):
+    new_dir, empty_dir = tmp_path / "new", tmp_path / "empty"
+    empty_dir.mkdir()
+    for mode, run_dir in (("evaluate", new_dir), ("predict", empty_dir)):
+        result = run_merged(*SMOKE, f"mode={mode}", f"hydra.run.dir={run_dir}", timeout=120)
+        assert result.returncode == 2 and "needs a checkpoint" in result.stdout, result.stdout[-2000:]
+    assert not new_dir.exists()
+    assert not list(empty_dir.glob("events.*")) and not (empty_dir / "checkpoints").exists()
+    # The directory is not a recorded run: training into it starts afresh, with another dataset too.
+    result = run_merged("dataset=chest_xray", "experiment=smoke", "model=semi_alexnet", "trainer.train_steps=1",
+                        f"hydra.run.dir={empty_dir}")
+    assert result.returncode == 0, result.stdout[-3000:]

@@ -81,7 +81,7 @@ def resolve_jit_compile(jit_compile, replicas, deterministic) -> bool:
     results need not repeat bit for bit. There TensorFlow's executor dispatches a step's hundreds of
     small kernels (thousands for ResNet-v2-152 and Adam) one by one from the host, and waits on the
     host for the non-finite check's branch, so the GPU idles between them; one compiled step is one
-    launch: on an H100, 3.0x the LFW steps/s (README, "On a GPU"). On this project's 2-core CPU it
+    launch: on an H100, 3.0x the LFW steps/s (docs/benchmarks.md). On this project's 2-core CPU it
     measured 0.56x."""
     if jit_compile is not None:
         return jit_compile

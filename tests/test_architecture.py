@@ -1,4 +1,4 @@
-"""The architecture README describes: layers without cycles, and modules and functions short enough to read."""
+"""The architecture docs/architecture.md describes: layers without cycles, and modules and functions short enough to read."""
 import ast
 import os
 import subprocess

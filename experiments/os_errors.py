@@ -22,6 +22,9 @@ ADVICE = {
     errno.EACCES: "make it writable, or choose another hydra.run.dir (or HARNESS_CACHE for the cache)",
     errno.EPERM: "make it writable, or choose another hydra.run.dir (or HARNESS_CACHE for the cache)",
     errno.ENAMETOOLONG: "choose a shorter hydra.run.dir (each folder name at most 255 bytes)",
+    # A file where a folder must be: hydra.run.dir or HARNESS_CACHE naming a file, or a file inside either.
+    errno.EEXIST: "a file stands where a folder must be; move it, or choose another hydra.run.dir (or HARNESS_CACHE)",
+    errno.ENOTDIR: "a file stands where a folder must be; move it, or choose another hydra.run.dir (or HARNESS_CACHE)",
 }
 # TensorFlow's wording: `{{function_node ...}} <path>; <strerror> [Op:SaveV2]`, or `<path>; <strerror>`.
 _REASONS = "|".join(re.escape(os.strerror(number)) for number in ADVICE)

@@ -71,6 +71,22 @@ def test_a_read_only_run_folder_exits_1_with_one_line(tmp_path):
     assert_one_line(result, f"error: Read-only file system: {read_only / 'run'}; make it writable")
 
 
+def test_a_run_folder_that_is_a_file_exits_1_with_one_line(tmp_path):
+    (tmp_path / "run").write_text("a file")
+    result = run_cli(*TINY, f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
+    assert_one_line(result, f"error: File exists: {tmp_path / 'run'}; a file stands where a folder must be")
+    assert (tmp_path / "run").read_text() == "a file"
+
+
+@pytest.mark.slow  # TensorFlow starts before the cache is written
+def test_a_cache_folder_that_is_a_file_exits_1_with_one_line(tmp_path):
+    (tmp_path / "cache").write_text("a file")
+    result = run_cli(*TINY, "trainer.train_steps=2", f"hydra.run.dir={tmp_path / 'run'}", timeout=300,
+                     env={"HARNESS_CACHE": str(tmp_path / "cache")})
+    assert_one_line(result, f"error: Not a directory: {tmp_path / 'cache'}")
+    assert (tmp_path / "cache").read_text() == "a file"
+
+
 @pytest.mark.slow  # TensorFlow starts before the cache is written
 def test_a_read_only_cache_folder_exits_1_with_one_line(tmp_path):
     with tmpfs(tmp_path / "ro", read_only=True) as read_only:

@@ -141,9 +141,12 @@ class Estimator:
         return input_fn(self.task, self.tables[split], self.pipeline, split=split, training=training,
                         context=self.context if training else None, model_dir=self.model_dir)
 
-    def _manager(self, checkpoint):
-        return tf.train.CheckpointManager(checkpoint, str(self.save_dir), max_to_keep=self.cfg.trainer.keep_checkpoints,
-                                          step_counter=self.trainer.global_step)
+    def _manager(self, checkpoint, restored):
+        # Created once `restored` is: it deletes and rewrites none of the checkpoints already there, and refuses to
+        # start when one of them lies ahead of the restored step (experiments/checkpoints.py).
+        return checkpoints.Manager(checkpoint, self.save_dir, max_to_keep=self.cfg.trainer.keep_checkpoints,
+                                   step_counter=self.trainer.global_step, restored=restored,
+                                   train_steps=self.cfg.trainer.train_steps, run_checkpoints=self.checkpoint_dir)
 
     def _save(self, manager, step):
         manager.save(checkpoint_number=step)
@@ -151,8 +154,8 @@ class Estimator:
             shutil.rmtree(self.save_dir, ignore_errors=True)
 
     def _latest_checkpoint(self):
-        """The newest checkpoint in the run directory (the chief's, for every worker) whose tensors are all
-        finite (experiments/checkpoints.py); None when none."""
+        """The newest checkpoint in the run directory (the chief's, for every worker) whose files are all there
+        and whose tensors are all finite, found from its files (experiments/checkpoints.py); None when none."""
         return checkpoints.newest_finite(self.checkpoint_dir)
 
     def _restore_model(self):
@@ -182,7 +185,6 @@ class Estimator:
             log.info("pipeline.service: checkpoints leave out the input iterator, whose stream the service's workers "
                      "make; a resumed run starts its input stream over")
         checkpoint = trainer.checkpoint(iterator if save_input else None)
-        manager = self._manager(checkpoint)
         signature = run_directory.input_signature(cfg, trainer.replicas, save_input)
         # Resume policy: 1. the run directory's latest checkpoint; 2. otherwise start from scratch.
         latest = self._latest_checkpoint()
@@ -202,6 +204,7 @@ class Estimator:
             if not save_input:
                 log.warning("The checkpoint holds no input iterator: the input stream starts over at global step %d",
                             trainer.step)
+        manager = self._manager(checkpoint, latest)
         if self.chief:
             run_directory.note_input(self.checkpoint_dir, trainer.step, signature)
         return iterator, manager

@@ -1,5 +1,9 @@
-"""Resume restores only a finite checkpoint: a non-finite or unreadable newest one is skipped, with the reason logged."""
+"""Resume restores only a finite checkpoint: a non-finite or unreadable newest one is skipped, with the reason logged.
+Checkpoints are found from their files, whatever the `checkpoint` state file says, and no start deletes or rewrites
+a checkpoint it did not save itself."""
+import json
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -40,8 +44,155 @@ def test_a_missing_or_truncated_checkpoint_is_skipped_and_none_restorable_is_an_
     assert f"Not restoring {second}: it cannot be read" in caplog.text
     for path in tmp_path.glob("ckpt-1.*"):
         path.unlink()
-    with pytest.raises(checkpoints.UnrestorableError, match=r"ckpt-2: it cannot be read.*ckpt-1: its index file is"):
-        checkpoints.newest_finite(tmp_path)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+        with pytest.raises(checkpoints.UnrestorableError, match=r"\(ckpt-2: it cannot be read \(.*\)\); move them"):
+            checkpoints.newest_finite(tmp_path)
+    assert f"{tmp_path / 'checkpoint'} named ckpt-1, which is not there; found ckpt-2 from their files" in caplog.text
+
+
+def _three(folder, keep=5):
+    """ckpt-2, ckpt-4 and ckpt-6 in `folder`, saved by TensorFlow's own manager: each holds its step and a weight
+    vector filled with it."""
+    weights, step = tf.Variable(tf.zeros([4])), tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=weights, step=step), str(folder), max_to_keep=keep)
+    for number in (2, 4, 6):
+        step.assign(number)
+        _save(manager, weights, tf.fill([4], float(number)), number)
+
+
+def _resume(folder, train_steps=20, keep=3):
+    """What the runner does on a training start: finds and restores the newest finite checkpoint, then creates
+    the manager. Returns (restored path, weights, step, manager)."""
+    weights, step = tf.Variable(tf.zeros([4])), tf.Variable(0, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(model=weights, step=step)
+    latest = checkpoints.newest_finite(folder)
+    if latest:
+        checkpoint.restore(latest).assert_existing_objects_matched()
+    manager = checkpoints.Manager(checkpoint, folder, max_to_keep=keep, step_counter=step, restored=latest,
+                                  train_steps=train_steps)
+    return latest, weights, step, manager
+
+
+def _files(folder):
+    """{name: bytes} of the checkpoint files in `folder`."""
+    return {path.name: path.read_bytes() for path in sorted(folder.glob("ckpt-*"))}
+
+
+def _listed(folder):
+    state = tf.train.get_checkpoint_state(str(folder))
+    return [p.rpartition("/")[2] for p in state.all_model_checkpoint_paths], state.model_checkpoint_path
+
+
+def _state_naming(*names):
+    """A state file's text that lists `names` (the last is the latest), as TensorFlow writes it."""
+    return "".join([f'model_checkpoint_path: "{names[-1]}"\n', *(f'all_model_checkpoint_paths: "{n}"\n' for n in names)])
+
+
+DAMAGE = {  # what is done to the state file, and how the log line says it
+    "missing": (lambda state: state.unlink(), "was missing"),
+    "empty": (lambda state: state.write_bytes(b""), "was empty"),
+    "garbled": (lambda state: state.write_bytes(state.read_bytes()[:17] + b"\xff\x00{"), "could not be read ("),
+    "garbled text": (lambda state: state.write_text('model_checkpoint_path: "ckpt-6"\nall_model_checkpoint_paths {'),
+                     "could not be read (ParseError: "),
+    "listing fewer": (lambda state: state.write_text(_state_naming("ckpt-2")),
+                      "left out ckpt-4, ckpt-6 (it listed 1 of the 3 checkpoints in the folder)"),
+    "naming a missing one": (lambda state: state.write_text(_state_naming("ckpt-2", "ckpt-4", "ckpt-8")),
+                             "named ckpt-8, which is not there"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_state_file_is_rebuilt_from_the_checkpoint_files(tmp_path, caplog, damage):
+    _three(tmp_path)
+    spoil, said = DAMAGE[damage]
+    spoil(tmp_path / "checkpoint")
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+        latest, weights, step, manager = _resume(tmp_path)
+    assert latest == str(tmp_path / "ckpt-6")
+    assert int(step.numpy()) == 6 and weights.numpy().tolist() == [6.0] * 4  # the newest one, restored
+    lines = [r.getMessage() for r in caplog.records if r.name == "tf_harness.experiments.checkpoints"]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{tmp_path / 'checkpoint'} {said}"), lines[0]
+    assert lines[0].endswith("; found ckpt-6 (and 2 older) from their files"), lines[0]
+    # The training start wrote the state file anew, atomically, listing what is there.
+    assert _listed(tmp_path) == (["ckpt-2", "ckpt-4", "ckpt-6"], str(tmp_path / "ckpt-6"))
+    assert manager.latest_checkpoint == str(tmp_path / "ckpt-6")
+    assert checkpoints.state_problem(tmp_path) is None
+    assert not list(tmp_path.glob("checkpoint.tmp*"))
+
+
+@pytest.mark.parametrize("state", ["intact", "missing"])
+def test_a_resumed_run_deletes_and_rewrites_only_the_checkpoints_it_saved(tmp_path, state):
+    _three(tmp_path, keep=3)
+    if state == "missing":
+        (tmp_path / "checkpoint").unlink()
+    before = _files(tmp_path)
+    latest, weights, step, manager = _resume(tmp_path, keep=3)
+    assert latest == str(tmp_path / "ckpt-6") and int(step.numpy()) == 6
+    for number in (8, 10, 12):  # up to keep_checkpoints=3 saves of its own: nothing is deleted
+        step.assign(number)
+        _save(manager, weights, tf.fill([4], float(number)), number)
+        assert {name: data for name, data in _files(tmp_path).items() if name in before} == before
+    step.assign(14)
+    _save(manager, weights, tf.fill([4], 14.0), 14)  # its fourth: it deletes its own oldest, ckpt-8, alone
+    after = _files(tmp_path)
+    assert {name: data for name, data in after.items() if name in before} == before
+    assert sorted({name.partition(".")[0] for name in after}, key=lambda n: int(n[5:])) == [
+        "ckpt-2", "ckpt-4", "ckpt-6", "ckpt-10", "ckpt-12", "ckpt-14"]
+    assert _listed(tmp_path) == (["ckpt-2", "ckpt-4", "ckpt-6", "ckpt-10", "ckpt-12", "ckpt-14"],
+                                 str(tmp_path / "ckpt-14"))
+    assert checkpoints.newest_finite(tmp_path) == tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-14")
+
+
+def test_a_checkpoint_ahead_of_the_restored_one_is_never_overwritten(tmp_path):
+    weights, step = tf.Variable(tf.zeros([4])), tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=weights, step=step), str(tmp_path), max_to_keep=5)
+    step.assign(3)
+    _save(manager, weights, tf.ones([4]), 3)
+    step.assign(6)
+    _save(manager, weights, [1.0, np.nan, 1.0, 1.0], 6)  # refused on resume: it holds NaN
+    nan, state = (tmp_path / "ckpt-6.index").read_bytes(), (tmp_path / "checkpoint").read_bytes()
+    nan_data = next(tmp_path.glob("ckpt-6.data-*")).read_bytes()
+    message = (rf"{tmp_path / 'ckpt-6'} is ahead of global step 3, the newest checkpoint that can be restored, and "
+               rf"training on to trainer.train_steps=6 would overwrite it; move ckpt-6\.\* out of {tmp_path} to "
+               rf"train again from step 3, or set trainer.train_steps to 5 or less")
+    with pytest.raises(checkpoints.CheckpointAheadError, match=message):
+        _resume(tmp_path, train_steps=6)
+    assert (tmp_path / "checkpoint").read_bytes() == state  # refused before writing anything
+    # Training stops short of it: allowed, and a save under its name is refused even so.
+    latest, weights, step, manager = _resume(tmp_path, train_steps=5)
+    assert latest == str(tmp_path / "ckpt-3") and int(step.numpy()) == 3
+    step.assign(5)
+    _save(manager, weights, tf.fill([4], 5.0), 5)
+    with pytest.raises(checkpoints.CheckpointAheadError, match=r"ckpt-6 was not saved by this run"):
+        manager.save(checkpoint_number=6)
+    assert (tmp_path / "ckpt-6.index").read_bytes() == nan
+    assert next(tmp_path.glob("ckpt-6.data-*")).read_bytes() == nan_data
+    assert isinstance(checkpoints.CheckpointAheadError("x"), checkpoints.UnrestorableError)  # cli: one line, exit 1
+
+
+def test_the_state_file_never_names_a_checkpoint_that_is_not_there(tmp_path, caplog):
+    _three(tmp_path)
+    next(tmp_path.glob("ckpt-4.data-*")).unlink()  # ckpt-4 is incomplete now
+    (tmp_path / "checkpoint").write_bytes(b"")
+    latest, _, _, _ = _resume(tmp_path)
+    assert latest == str(tmp_path / "ckpt-6")
+    assert _listed(tmp_path) == (["ckpt-2", "ckpt-6"], str(tmp_path / "ckpt-6"))
+    assert checkpoints.problem(tmp_path / "ckpt-4") == "its data file is missing"
+    # Every checkpoint moved away, a garbled state file left behind: a fresh start, and no state file naming them.
+    for path in tmp_path.glob("ckpt-*"):
+        path.unlink()
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-6"\nall_model {')
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+        latest, weights, step, manager = _resume(tmp_path)
+    assert latest is None and manager.latest_checkpoint is None
+    assert "checkpoint could not be read (ParseError: " in caplog.text and "found no checkpoint from their files" in caplog.text
+    assert not (tmp_path / "checkpoint").exists()
+    step.assign(1)
+    _save(manager, weights, tf.ones([4]), 1)
+    assert _listed(tmp_path) == (["ckpt-1"], str(tmp_path / "ckpt-1"))
+    assert not list(tmp_path.glob("checkpoint.tmp*"))
 
 
 TINY_LFW = ("dataset=lfw_pairs", "pipeline.image_size=24", "pipeline.batch_size=8", "model.widths=[8,16]",
@@ -72,7 +223,7 @@ def _plant_nan(run_dir, step):
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_non_finite_newest_checkpoint_and_retrains_from_the_one_before(tmp_path):
+def test_resume_refuses_a_non_finite_newest_checkpoint_and_overwrites_it_only_once_moved_away(tmp_path):
     from tests.conftest import run_cli
     first = run_cli(*TINY_LFW, f"hydra.run.dir={tmp_path}")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -80,11 +231,65 @@ def test_resume_refuses_a_non_finite_newest_checkpoint_and_retrains_from_the_one
     _plant_nan(tmp_path, 9)
     assert checkpoints.problem(tmp_path / "checkpoints" / "ckpt-9").startswith("1 tensor(s) hold NaN")
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-9")
+    planted = _files(tmp_path / "checkpoints")
 
+    # Resuming from ckpt-6 would save ckpt-9 again: the run refuses, in one line, before training.
+    refused = run_cli(*TINY_LFW, f"hydra.run.dir={tmp_path}")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert f"Not restoring {tmp_path / 'checkpoints' / 'ckpt-9'}: 1 tensor(s) hold NaN" in refused.stdout
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'checkpoints' / 'ckpt-9'} is ahead of global step 6, the newest checkpoint that can be "
+        f"restored, and training on to trainer.train_steps=9 would overwrite it; move ckpt-9.* out of "
+        f"{tmp_path / 'checkpoints'} to train again from step 6, or set trainer.train_steps to 8 or less")
+    assert _files(tmp_path / "checkpoints") == planted
+
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for path in (tmp_path / "checkpoints").glob("ckpt-9.*"):
+        shutil.move(path, aside / path.name)
     resumed = run_cli(*TINY_LFW, f"hydra.run.dir={tmp_path}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"Not restoring {tmp_path / 'checkpoints' / 'ckpt-9'}: 1 tensor(s) hold NaN" in resumed.stdout
     assert f"Resumed from {tmp_path / 'checkpoints' / 'ckpt-6'} at global step 6" in resumed.stdout
     actual = _tensors(tmp_path / "checkpoints" / "ckpt-9")  # trained again from step 6, deterministically
     assert expected.keys() == actual.keys()
     assert [name for name in expected if not np.array_equal(expected[name], actual[name])] == []
+
+
+# The reproduction of the data loss: a short chest X-ray run, its state file then deleted or emptied.
+SHORT_RUN = ("dataset=chest_xray", "model=semi_alexnet", "pipeline.image_size=32", "trainer.checkpoint_every=2",
+             "trainer.eval_every=6")
+
+
+@pytest.mark.slow
+def test_a_deleted_or_empty_state_file_loses_no_checkpoint_on_evaluate_resume_or_predict(tmp_path):
+    from tests.conftest import run_cli
+    folder = tmp_path / "checkpoints"
+    first = run_cli(*SHORT_RUN, "trainer.train_steps=6", f"hydra.run.dir={tmp_path}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _files(folder)
+    assert sorted(before) == [f"ckpt-{n}.{end}" for n in (2, 4, 6) for end in ("data-00000-of-00001", "index")]
+    (folder / "checkpoint").unlink()
+    found = f"{folder / 'checkpoint'} was missing; found ckpt-6 (and 2 older) from their files"
+
+    evaluated = run_cli("mode=evaluate", f"hydra.run.dir={tmp_path}")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert found in evaluated.stdout
+    assert f"Restored {folder / 'ckpt-6'} (global step 6)" in evaluated.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 6
+    assert not (folder / "checkpoint").exists()  # a reader writes nothing
+
+    resumed = run_cli("trainer.train_steps=8", f"hydra.run.dir={tmp_path}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert found in resumed.stdout
+    assert f"Resumed from {folder / 'ckpt-6'} at global step 6" in resumed.stdout and "step 1/8" not in resumed.stdout
+    after = _files(folder)
+    assert {name: data for name, data in after.items() if name in before} == before  # each byte as it was
+    assert sorted(after) == sorted([*before, "ckpt-8.data-00000-of-00001", "ckpt-8.index"])
+    assert tf.train.latest_checkpoint(str(folder)) == str(folder / "ckpt-8")
+
+    (folder / "checkpoint").write_bytes(b"")
+    predicted = run_cli("mode=predict", f"hydra.run.dir={tmp_path}")
+    assert predicted.returncode == 0 and "Traceback" not in predicted.stderr, predicted.stderr[-3000:]
+    assert f"{folder / 'checkpoint'} was empty; found ckpt-8 (and 3 older) from their files" in predicted.stdout
+    assert f"Restored {folder / 'ckpt-8'} (global step 8)" in predicted.stdout
+    assert _files(folder) == after

@@ -29,7 +29,7 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from tf_harness.experiments import interrupts, os_errors, run_directory, schema  # noqa: E402
+from tf_harness.experiments import interrupts, os_errors, run_directory, schema, xla_cache  # noqa: E402
 
 log = logging.getLogger(__name__)
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
@@ -131,6 +131,10 @@ def guarded(task, cfg) -> Outcome:
     problem = problem or schema.first_problem(cfg, os.environ)
     if problem:
         return _failed(f"config error: {problem}", 2)
+    if cfg.get("trainer") and cfg.trainer.get("jit_compile") is not False:
+        # XLA's compiled programs are kept for the next run of the same shapes; TensorFlow reads where as it starts.
+        from tf_harness.data.samples import cache_home
+        xla_cache.enable(cache_home())
     startup.import_tensorflow_quietly()
     # The data package and the trainer import TensorFlow; the config has passed by now.
     from tf_harness.data.errors import ConfigError, DatasetError

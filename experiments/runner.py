@@ -24,7 +24,8 @@ from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import Pipeline, input_fn
 from tf_harness.data.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
-from tf_harness.experiments import checkpoints, interrupts, leftovers, metrics, review, run_directory, run_lock, strategies
+from tf_harness.experiments import (checkpoints, interrupts, leftovers, metrics, review, run_directory, run_lock, strategies,
+                                    xla_cache)
 from tf_harness.experiments.startup import StartupClock
 from tf_harness.experiments.summaries import Summaries, evaluated_step, write_metrics
 from tf_harness.experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
@@ -271,7 +272,9 @@ class Estimator:
     def _after_loop(self, loop, window, manager, progress):
         """Logs, checks and saves what a train loop did; returns the global step it reached."""
         cfg, step = self.cfg, self.trainer.step
-        self.clock.first_step(loop.steps)
+        if not self.clock.logged:
+            self.clock.first_step(loop.steps)
+            xla_cache.publish()  # the train step's compiled program is whole now: the next run may load it
         window.append(loop)
         self._check_finite(loop, step)
         progress.update(loop.steps)

@@ -183,7 +183,6 @@ class ChestXray(Task):
     """NIH ChestX-ray14 as a 14-label multi-label task; options: ``validation_fraction``."""
 
     SPEC = SPEC
-    DEFAULT_MODEL = "resnet_v2_152"
     OPTIONS = ("validation_fraction",)
     make_sample = staticmethod(make_sample)
 

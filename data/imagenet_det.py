@@ -212,7 +212,6 @@ class ImagenetDet(Task):
     """ILSVRC DET as the class of each image's largest object, or background; no options."""
 
     SPEC = SPEC
-    DEFAULT_MODEL = "semi_alexnet"
     make_sample = staticmethod(make_sample)
 
     def index(self, root, skipped) -> dict:

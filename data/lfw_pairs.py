@@ -138,7 +138,6 @@ class LfwPairs(Task):
     """LFW face verification; options: ``eval_pairs`` (dev_test|pairs) and ``fold``."""
 
     SPEC = SPEC
-    DEFAULT_MODEL = "siamese_cnn"
     OPTIONS = ("eval_pairs", "fold")
     DRAWS_TRAINING_RECORDS = True
     make_sample = staticmethod(make_sample)

@@ -1,8 +1,9 @@
 """The Task interface: what a dataset declares, so that the pipeline and the runner need no special cases.
 
-Adding a dataset means one subclass in ``data/<name>.py``, registered in
-``data/__init__.py``, and one ``conf/dataset/<name>.yaml`` (README, "Adding a dataset").
+Adding a dataset means one subclass in ``data/<name>.py``, its sample generator in ``data/samples/<name>.py``,
+one ``conf/dataset/<name>.yaml`` and one line in ``TASKS`` (docs/adding-a-dataset.md).
 """
+import importlib
 from pathlib import Path
 
 from tf_harness.data.images import Decode
@@ -12,19 +13,22 @@ from tf_harness.data.spec import DatasetSpec
 class Task:
     """One dataset: its spec, index, per-record load and evaluation protocol.
 
-    A subclass sets the class attributes and implements `index`, `load` and
-    `make_sample`; `train_records` and `protocol_metrics` are optional.
+    A subclass sets the class attributes and implements `index` and `load`; `train_records` and
+    `protocol_metrics` are optional, and `make_sample` is ``data/samples/<SPEC.name>.py``'s.
+    The dataset's default model is its conf/dataset/<name>.yaml's ``override /model:``.
+
+    The config check (experiments/schema.py) reads OPTIONS and ``SPEC.paired`` from the class's source,
+    before TensorFlow starts, so write them as literals: ``OPTIONS = ("fold",)``,
+    ``SPEC = DatasetSpec(..., paired=True)`` (in the class or at the top of its module).
 
     Attributes:
         SPEC: the shape of the examples and labels (data/spec.py).
-        DEFAULT_MODEL: the model config a dataset trains by default (its YAML names it too).
         OPTIONS: the ``dataset.*`` config keys the constructor takes besides the decode settings.
         DRAWS_TRAINING_RECORDS: whether `train_records` draws the training records (else the
             training table's rows are shuffled and repeated).
     """
 
     SPEC: DatasetSpec
-    DEFAULT_MODEL: str
     OPTIONS: tuple = ()
     DRAWS_TRAINING_RECORDS = False
 
@@ -59,10 +63,11 @@ class Task:
         """Evaluation numbers the dataset's official protocol defines, from a whole split's scores."""
         return {}
 
-    @staticmethod
-    def make_sample(root: Path, seed: int) -> None:
-        """Writes the embedded sample into `root` in the exact real layout."""
-        raise NotImplementedError
+    @classmethod
+    def make_sample(cls, root: Path, seed: int) -> None:
+        """Writes the embedded sample into `root` in the exact real layout: ``make_sample(root, seed)`` of
+        ``data/samples/<SPEC.name>.py``, found by the dataset's name."""
+        importlib.import_module(f"{__package__}.samples.{cls.SPEC.name}").make_sample(root, seed)
 
     def read_image(self, path):
         """One image file, decoded with this task's channels and decode settings."""

@@ -1,13 +1,20 @@
 """The type and allowed values of every config key, checked before TensorFlow is imported.
 
-Every leaf key of the composed config is declared below, once, on one line:
+Every leaf key of the composed config has its type declared below, once, on one line:
 
 - ``KEYS``: the keys every run has, by full name (``trainer.*``, ``pipeline.*``, ``tfrecord.*``, ...);
-- ``DATASET_KEYS``, ``MODEL_KEYS``, ``STRATEGY_KEYS``: the keys of one option of a group, by the
-  option's name (``dataset.validation_fraction`` exists for chest_xray only).
+- ``OPTION_KEYS``: the keys only some datasets or models have (``dataset.validation_fraction``);
+- ``STRATEGY_KEYS``: the keys of one strategy, by its name.
 
-A key in conf/ that is not declared here is itself a config error, and so is a declared key missing
-from the composed config, so conf/ and this file cannot drift apart (tests/test_config.py walks them).
+What is not declared here is read from the code it describes, without importing TensorFlow: the dataset
+and model names from ``TASKS`` (data/__init__.py) and ``BUILDERS`` (models/__init__.py); which
+``dataset.*`` options a dataset has, and whether its examples are single images or pairs, from its Task's
+``OPTIONS`` and ``SPEC.paired``; which ``model.*`` options a model has and what it takes, from its family
+module's ``OPTIONS`` and ``INPUTS`` (`dataset_keys`, `model_keys`). So a dataset or model added there is
+known here with no edit; an option key new to the harness needs its type line in OPTION_KEYS.
+
+A key in conf/ that is not declared is itself a config error, and so is a declared key missing
+from the composed config, so conf/ and the code cannot drift apart (tests/test_config.py walks them).
 
 Why a check over the composed config rather than Hydra structured configs: the dataset files are
 ``# @package _global_`` overlays that also set pipeline and trainer keys, ``pipeline.image_size`` is
@@ -25,6 +32,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from tf_harness.data import INPUTS, TASKS, dataset_inputs
+from tf_harness.models import BUILDERS, model_inputs
 
 MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
 _UNSET = object()
@@ -84,6 +94,20 @@ def one_of(*choices) -> Key:
     return Key(f"one of {'|'.join(choices)}", lambda value: isinstance(value, str) and value in choices)
 
 
+class Names:
+    """A Key taking the names of a registry (TASKS, BUILDERS), read when a value is checked."""
+
+    def __init__(self, registry):
+        self.registry = registry
+
+    @property
+    def allowed(self) -> str:
+        return f"one of {'|'.join(self.registry)}"
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, str) and value in self.registry
+
+
 FLAG = Key("true or false", lambda value: isinstance(value, bool))
 PATH = Key("a path", lambda value: isinstance(value, str) and bool(value))
 # Checked here so that a typo in dataset.root fails in a second, not after TensorFlow starts.
@@ -123,7 +147,7 @@ SERVICE = _with_null(Key("grpc://host:port (a port in 1..65535)", _is_service_ad
 IMAGE_SIZE = Key("an integer >= 1 (a square side) or [height, width]",
                  lambda value: integer(1).accepts(value) or integers(1, length=2).accepts(value))
 
-MODES = ("train_and_evaluate", "train", "evaluate", "predict")
+MODES = ("train_and_evaluate", "train", "evaluate", "predict", "export")
 
 # One line per key. A new key in conf/ gets its line here, in the table of its group.
 KEYS = {
@@ -135,7 +159,7 @@ KEYS = {
     "pipeline.image_size": IMAGE_SIZE,
     "pipeline.cache": one_of("none", "memory", "disk"),
     "pipeline.source": one_of("files", "tfrecord"),
-    "pipeline.dtype": one_of("float32", "float16"),
+    "pipeline.dtype": one_of("float32", "float16", "bfloat16"),
     "pipeline.augment": FLAG,
     "pipeline.shuffle_buffer": integer(1, null="as many as pipeline.shuffle_mb holds"),
     "pipeline.shuffle_mb": number(0, low_open=True),
@@ -168,7 +192,7 @@ KEYS = {
     "tfrecord.min_shards_per_worker": integer(1),
     "tfrecord.cycle_length": integer(1),
 
-    "dataset.name": one_of("chest_xray", "imagenet_det", "lfw_pairs"),
+    "dataset.name": Names(TASKS),
     "dataset.root": DATA_ROOT,
     "dataset.flip": FLAG,
     "dataset.normalize": one_of("unit_range", "per_image_standardization"),
@@ -176,41 +200,27 @@ KEYS = {
     "dataset.crop_fraction": number(0, 1, low_open=True, null="no crop"),
     "dataset.max_skipped_fraction": number(0, 1),
 
-    "model.name": one_of("resnet_v2_50", "resnet_v2_101", "resnet_v2_152", "semi_alexnet", "siamese_cnn"),
-    "model.inputs": one_of("single", "pair"),
+    "model.name": Names(BUILDERS),
+    "model.inputs": one_of(*INPUTS),
 
     "strategy.name": one_of("auto", "one_device", "mirrored", "multi_worker"),
 }
 
-# Keys of one dataset, model or strategy, by its name (the `name` key of the group).
-DATASET_KEYS = {
-    "chest_xray": {
-        "dataset.validation_fraction": number(0, 1, low_open=True, high_open=True),
-    },
-    "imagenet_det": {},
-    "lfw_pairs": {
-        "dataset.eval_pairs": one_of("dev_test", "pairs"),
-        "dataset.fold": integer(0, 9, null="all ten folds"),
-    },
-}
-_RESNET = {"model.inputs": one_of("single"), "model.batch_norm_momentum": number(0, 1)}
-MODEL_KEYS = {
-    "resnet_v2_50": _RESNET,
-    "resnet_v2_101": _RESNET,
-    "resnet_v2_152": _RESNET,
-    "semi_alexnet": {
-        "model.inputs": one_of("single"),
-        "model.filters": integers(1, length=5),
-        "model.dense_units": integer(1),
-        "model.dropout": number(0, 1, high_open=True),
-    },
-    "siamese_cnn": {
-        "model.inputs": one_of("pair"),
-        "model.merge": one_of("embedding", "pixel_difference"),
-        "model.widths": integers(1),
-        "model.embedding_size": integer(1),
-        "model.head_units": integer(1),
-    },
+# The type of each key that only some datasets or models have. Which ones have it is read from their code:
+# a Task's OPTIONS (data/<name>.py), a model family's OPTIONS (models/<family>.py).
+OPTION_KEYS = {
+    "dataset.validation_fraction": number(0, 1, low_open=True, high_open=True),
+    "dataset.eval_pairs": one_of("dev_test", "pairs"),
+    "dataset.fold": integer(0, 9, null="all ten folds"),
+
+    "model.batch_norm_momentum": number(0, 1),
+    "model.filters": integers(1, length=5),
+    "model.dense_units": integer(1),
+    "model.dropout": number(0, 1, high_open=True),
+    "model.merge": one_of("embedding", "pixel_difference"),
+    "model.widths": integers(1),
+    "model.embedding_size": integer(1),
+    "model.head_units": integer(1),
 }
 STRATEGY_KEYS = {
     "auto": {},
@@ -219,8 +229,24 @@ STRATEGY_KEYS = {
     "multi_worker": {},
 }
 
-# What each dataset's examples are: one image, or a pair (data/<name>.py SPEC.paired).
-DATASET_INPUTS = {"chest_xray": "single", "imagenet_det": "single", "lfw_pairs": "pair"}
+
+def _keys(group, options) -> dict:
+    return {f"{group}.{option}": OPTION_KEYS.get(f"{group}.{option}", _untyped(f"{group}.{option}"))
+            for option in options}
+
+
+def _untyped(key) -> Key:
+    return Key(f"of a known type: experiments/schema.py declares none for {key} (OPTION_KEYS)", lambda value: False)
+
+
+def dataset_keys(name) -> dict:
+    """The keys dataset `name` has beyond KEYS' dataset.*: its Task's OPTIONS."""
+    return _keys("dataset", TASKS.options(name))
+
+
+def model_keys(name) -> dict:
+    """The keys model `name` has beyond KEYS' model.*: its family's OPTIONS; ``model.inputs`` takes its INPUTS."""
+    return {"model.inputs": one_of(model_inputs(name)), **_keys("model", BUILDERS.options(name))}
 
 
 def show(value) -> str:
@@ -237,10 +263,10 @@ def show(value) -> str:
 def declared(cfg) -> dict:
     """Every key this config may hold: the general keys and those of its dataset, model and strategy."""
     keys = dict(KEYS)
-    for group, options in (("dataset", DATASET_KEYS), ("model", MODEL_KEYS), ("strategy", STRATEGY_KEYS)):
+    for group, options in (("dataset", dataset_keys), ("model", model_keys), ("strategy", STRATEGY_KEYS.get)):
         name = OmegaConf.select(cfg, f"{group}.name", default=None, throw_on_resolution_failure=False)
-        if isinstance(name, str):
-            keys.update(options.get(name, {}))
+        if isinstance(name, str) and KEYS[f"{group}.name"].accepts(name):
+            keys.update(options(name))
     return keys
 
 
@@ -311,9 +337,9 @@ def _combinations(cfg) -> str | None:
     if cfg.pipeline.service and cfg.pipeline.cache != "none":
         return (f"pipeline.cache={cfg.pipeline.cache} does not go with pipeline.service={cfg.pipeline.service}: "
                 f"a cache would sit on each service worker, partial; use one or the other")
-    wanted = DATASET_INPUTS[cfg.dataset.name]
-    if cfg.model.inputs != wanted:
-        fitting = sorted(name for name, model in MODEL_KEYS.items() if model["model.inputs"].accepts(wanted))
+    wanted = dataset_inputs(cfg.dataset.name)
+    if cfg.model.inputs != wanted:  # the model's own INPUTS: model_keys checked it
+        fitting = sorted(name for name in BUILDERS if model_inputs(name) == wanted)
         return (f"model={cfg.model.name} takes {cfg.model.inputs} images but dataset={cfg.dataset.name} gives "
                 f"{wanted} images; choose one of {'|'.join(fitting)}")
     return None

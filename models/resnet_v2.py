@@ -3,6 +3,10 @@ import keras
 
 from tf_harness.data.spec import DatasetSpec
 
+# What the config check (experiments/schema.py) reads: one image per example, and the model.* keys build reads.
+INPUTS = "single"
+OPTIONS = ("batch_norm_momentum",)
+
 _APPLICATIONS = {
     "resnet_v2_50": keras.applications.ResNet50V2,
     "resnet_v2_101": keras.applications.ResNet101V2,

@@ -20,6 +20,10 @@ import keras
 
 from tf_harness.data.spec import DatasetSpec
 
+# What the config check (experiments/schema.py) reads: one image per example, and the model.* keys build reads.
+INPUTS = "single"
+OPTIONS = ("filters", "dense_units", "dropout")
+
 # (kernel size, stride, followed by a max-pool) of the five conv layers, as in AlexNet.
 _CONV_LAYERS = ((11, 4, True), (5, 1, True), (3, 1, False), (3, 1, False), (3, 1, True))
 

@@ -16,6 +16,10 @@ from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.errors import ConfigError
 
 MERGES = ("embedding", "pixel_difference")
+# What the config check (experiments/schema.py) reads: a pair of images per example, and the model.* keys
+# build reads.
+INPUTS = "pair"
+OPTIONS = ("merge", "widths", "embedding_size", "head_units")
 
 
 def conv_stack(widths, name) -> keras.Sequential:

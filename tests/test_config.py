@@ -57,7 +57,7 @@ def test_run_directories_land_under_outputs_and_are_unique():
 # ---------------------------------------------------------------------------------------------
 # The schema (experiments/schema.py): every key declared, every bad value one line, before TensorFlow
 
-DATASETS = ("chest_xray", "imagenet_det", "lfw_pairs")
+DATASETS = tuple(data.TASKS)
 
 
 def _inputs(model):
@@ -206,21 +206,139 @@ def test_a_good_tf_config_passes():
 
 
 def test_the_schema_agrees_with_the_code_it_stands_in_for():
-    """The schema is read before TensorFlow starts, so it repeats a few names the TensorFlow modules define."""
+    """The schema is read before TensorFlow starts, so it repeats a few value lists the TensorFlow modules define."""
     from tf_harness.data import lfw_pairs
     from tf_harness.data.tfrecords import layout as tfrecords
     from tf_harness.experiments import runner, schema, strategies
     from tf_harness.models import siamese_cnn
 
-    assert set(schema.DATASET_KEYS) == set(schema.DATASET_INPUTS) == set(data.TASKS)
-    for name, module in data.TASKS.items():
-        assert schema.DATASET_INPUTS[name] == ("pair" if module.SPEC.paired else "single")
-    assert set(schema.MODEL_KEYS) == set(BUILDERS)
     assert set(schema.STRATEGY_KEYS) == set(strategies.NAMES)
     assert schema.MODES == runner.MODES
     assert schema.KEYS["tfrecord.encoding"].allowed == f"one of {'|'.join(tfrecords.ENCODINGS)}"
-    assert schema.DATASET_KEYS["lfw_pairs"]["dataset.eval_pairs"].allowed == f"one of {'|'.join(lfw_pairs.EVAL_PAIRS)}"
-    assert schema.MODEL_KEYS["siamese_cnn"]["model.merge"].allowed == f"one of {'|'.join(siamese_cnn.MERGES)}"
+    assert schema.OPTION_KEYS["dataset.eval_pairs"].allowed == f"one of {'|'.join(lfw_pairs.EVAL_PAIRS)}"
+    assert schema.OPTION_KEYS["model.merge"].allowed == f"one of {'|'.join(siamese_cnn.MERGES)}"
+
+
+def test_the_schema_reads_each_dataset_and_model_from_its_code():
+    """Names, keys and inputs come from TASKS, BUILDERS and what each Task and model family declares, read
+    from their source before TensorFlow starts: what the schema reads is what the imported code holds."""
+    from importlib import import_module
+    from tf_harness.experiments import schema
+
+    assert schema.KEYS["dataset.name"].allowed == f"one of {'|'.join(data.TASKS)}"
+    assert schema.KEYS["model.name"].allowed == f"one of {'|'.join(BUILDERS)}"
+    for name, task in data.TASKS.items():
+        assert task.SPEC.name == compose(f"dataset={name}").dataset.name == name  # its sample is found by it
+        assert schema.dataset_inputs(name) == ("pair" if task.SPEC.paired else "single"), name
+        assert set(schema.dataset_keys(name)) == {f"dataset.{option}" for option in task.OPTIONS}, name
+    for name, path in BUILDERS.paths.items():
+        family = import_module(path.partition(":")[0])
+        assert BUILDERS[name] is family.build
+        assert schema.model_inputs(name) == family.INPUTS, name
+        assert set(schema.model_keys(name)) == {"model.inputs", *(f"model.{option}" for option in family.OPTIONS)}
+    declared = {key for name in data.TASKS for key in schema.dataset_keys(name)}
+    declared |= {key for name in BUILDERS for key in schema.model_keys(name)}
+    assert sorted(set(schema.OPTION_KEYS) - declared) == [], "types of keys that no dataset or model declares"
+
+
+TOY_TASK = """
+raise ImportError("the config check reads this module's source; it never runs it")
+
+from tf_harness.data.spec import DatasetSpec
+from tf_harness.data.task import Task
+
+SPEC = DatasetSpec(name="toy", task="binary", class_names=("same",), channels=3, paired=True)
+
+
+class Toy(Task):
+    SPEC = SPEC
+    OPTIONS = ("eval_pairs",)
+"""
+
+
+def _toy_registered(tmp_path, monkeypatch, registry, path, source):
+    """`source` as a module of its own in `tmp_path`, registered in `registry` as `toy`."""
+    module = f"toy_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry.paths, "toy", f"{module}:{path}")
+    return module
+
+
+def test_a_task_registered_only_in_tasks_is_known_to_the_schema(tmp_path, monkeypatch):
+    from tf_harness.experiments import schema
+
+    cfg = compose("dataset=lfw_pairs")
+    cfg.dataset.name = "toy"
+    del cfg.dataset["fold"]
+    assert schema.first_problem(cfg, {}).startswith("dataset.name=toy is not one of chest_xray|")
+    module = _toy_registered(tmp_path, monkeypatch, data.TASKS, "Toy", TOY_TASK)
+    assert schema.problems(cfg, {}) == []  # its name, its one option and its pairs, from data.TASKS alone
+    assert module not in sys.modules
+    cfg.dataset.fold = 3
+    assert schema.first_problem(cfg, {}) == "dataset.fold=3 is not a key of dataset=toy; its keys are " \
+                                            "crop_fraction|eval_pairs|flip|max_skipped_fraction|name|normalize|resize|root"
+    del cfg.dataset["fold"]
+    cfg.model = compose("model=semi_alexnet").model
+    assert schema.first_problem(cfg, {}) == ("model=semi_alexnet takes single images but dataset=toy gives pair "
+                                             "images; choose one of siamese_cnn")
+
+
+@pytest.mark.parametrize("task, typed, problem", [
+    # Inherited attributes and a SPEC given by position are read too; a new option needs its type in the schema.
+    ("class Base(Task):\n    OPTIONS = ('threshold',)\n\nclass Toy(Base):\n"
+     "    SPEC = DatasetSpec('toy', 'binary', ('same',), 3, True)\n", False,
+     "dataset.threshold=0.5 is not of a known type: experiments/schema.py declares none for dataset.threshold"),
+    ("class Base(Task):\n    OPTIONS = ('threshold',)\n\nclass Toy(Base):\n"
+     "    SPEC = DatasetSpec('toy', 'binary', ('same',), 3, True)\n", True,
+     "model=semi_alexnet takes single images but dataset=toy gives pair images"),
+    # What the schema cannot read without running the code is an error naming what to write.
+    ("class Toy(Task):\n    OPTIONS = ('threshold',)\n    SPEC = make_spec()\n", True,
+     "toy_*:Toy: the config check reads SPEC from the source, before TensorFlow starts, and finds make_spec(...) there; "
+     "write it as DatasetSpec(...) with a literal paired"),
+])
+def test_what_a_task_declares_is_read_from_its_source(tmp_path, monkeypatch, task, typed, problem):
+    from fnmatch import fnmatch
+    from tf_harness.experiments import schema
+
+    _toy_registered(tmp_path, monkeypatch, data.TASKS, "Toy",
+                    "from tf_harness.data.spec import DatasetSpec\nfrom tf_harness.data.task import Task\n\n" + task)
+    if typed:
+        monkeypatch.setitem(schema.OPTION_KEYS, "dataset.threshold", schema.number(0, 1))
+    cfg = compose("dataset=imagenet_det")
+    cfg.dataset.name, cfg.dataset.threshold = "toy", 0.5
+    try:
+        found = schema.first_problem(cfg, {})
+    except LookupError as error:
+        found = str(error)
+    assert fnmatch(found, problem + "*"), found
+
+
+def test_a_model_registered_only_in_builders_is_known_to_the_schema(tmp_path, monkeypatch):
+    from tf_harness.experiments import schema
+
+    cfg = compose("dataset=lfw_pairs")
+    cfg.model = {"name": "toy", "inputs": "pair", "dropout": 0.5}
+    assert schema.first_problem(cfg, {}).startswith("model.name=toy is not one of resnet_v2_50|")
+    source = 'raise ImportError("never run")\nINPUTS = "pair"\nOPTIONS = ("dropout",)\n\ndef build(*args):\n    pass\n'
+    _toy_registered(tmp_path, monkeypatch, BUILDERS, "build", source)
+    assert schema.problems(cfg, {}) == []
+    cfg.model.inputs = "single"
+    assert schema.first_problem(cfg, {}) == "model.inputs=single is not one of pair"
+
+
+def test_checking_good_configs_imports_no_tensorflow():
+    """The schema reads every Task and model family it checks against from source, never importing them."""
+    code = ("import sys\n"
+            "from tests.conftest import compose\n"
+            "from tf_harness.experiments import schema\n"
+            "for model in schema.BUILDERS:\n"
+            "    for dataset in schema.TASKS:\n"
+            "        schema.problems(compose(f'dataset={dataset}', f'model={model}'), {})\n"
+            "print(sorted(name for name in sys.modules if name.split('.')[0] in ('tensorflow', 'keras')))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.stdout.strip() == "[]", result.stderr[-2000:]
 
 
 # Keys in conf/ that no code reads yet, each with what happens meanwhile. An entry that code starts
@@ -282,6 +400,13 @@ def test_a_bad_config_never_imports_tensorflow(tmp_path):
     assert result.stderr.strip() == "config error: seed=abc is not an integer in 0..4294967295"
 
 
-def test_each_dataset_config_trains_its_tasks_default_model():
+def test_a_datasets_default_model_is_named_once_in_its_yaml_and_takes_its_examples():
+    from tf_harness.experiments import schema
+
     for name, task in data.TASKS.items():
-        assert compose(f"dataset={name}").model.name == task.DEFAULT_MODEL, name
+        defaults = OmegaConf.to_container(OmegaConf.load(CONF / "dataset" / f"{name}.yaml").defaults)
+        models = [entry["override /model"] for entry in defaults if isinstance(entry, dict) and "override /model" in entry]
+        assert len(models) == 1, name
+        assert compose(f"dataset={name}").model.name == models[0], name
+        assert schema.model_inputs(models[0]) == schema.dataset_inputs(name), name
+        assert not hasattr(task, "DEFAULT_MODEL"), f"{name}: its default model is its YAML's alone"

@@ -78,7 +78,11 @@ def run(cfg):
     if cfg.pipeline.batch_size % replicas:
         raise ConfigError(f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across {replicas} "
                           f"replicas; use a multiple of {replicas}")
-    keras.mixed_precision.set_global_policy("mixed_float16" if cfg.pipeline.dtype == "float16" else "float32")
+    # Mixed precision keeps variables, logits and the loss in float32 (experiments/trainer.py casts the logits).
+    policy = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}[cfg.pipeline.dtype]
+    keras.mixed_precision.set_global_policy(policy)
+    if policy != "float32":
+        log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", cfg.pipeline.dtype, policy)
 
     # Input pipeline: index once, in Python; everything per example happens in tf.data.
     skipped = SkipLog()

@@ -1,6 +1,7 @@
 """`python run.py` end to end, asserting on what a user looks at: exit code, run directory, events."""
 import csv
 import json
+import math
 import re
 import signal
 import subprocess
@@ -196,3 +197,22 @@ def test_tf_config_with_several_workers_needs_the_multi_worker_strategy(tmp_path
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         "config error: TF_CONFIG names 2 workers but strategy=auto; use strategy=multi_worker (or unset TF_CONFIG)")
+
+
+def test_bfloat16_trains_in_mixed_precision_on_cpu_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ("dataset=lfw_pairs", "experiment=smoke", "pipeline.dtype=bfloat16", "trainer.eval_every=2",
+            f"hydra.run.dir={run_dir}")
+    result = run_cli(*args, "trainer.train_steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Keras policy mixed_bfloat16" in result.stdout
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(str(run_dir / "checkpoints" / "ckpt-2"))
+    dtypes = reader.get_variable_to_dtype_map()
+    weights = [name for name in dtypes if name.startswith(("model/", "optimizer/_trainable_variables/"))]
+    assert len(weights) > 10 and all(dtypes[name] == tf.float32 for name in weights)  # float32 variables
+    result = run_cli(*args, "trainer.train_steps=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "at global step 2" in result.stdout
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["global_step"] == 4 and math.isfinite(metrics["loss"])

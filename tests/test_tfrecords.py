@@ -390,3 +390,190 @@ def test_an_independent_tfrecord_reader_agrees(converted, encoding, tmp_path):
         source = TableRecords(task, table[table.path == image["filename"]])
         pixels = source.load(source.records(seed=0).get_single_element())[0]
         np.testing.assert_array_equal(np.load(tmp_path / f"{k}.npy"), pixels.numpy())
+
+
+def test_the_converter_starts_as_quietly_as_run_py(tmp_path):
+    """No TensorFlow C++ start-up lines when TF_CPP_MIN_LOG_LEVEL is unset, as for run.py: a bad config is
+    its one line, and a conversion prints its own lines alone."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "HARNESS_DEFAULT_TF_LOG_LEVEL")}
+    command = [sys.executable, "-m", "tf_harness.data.tfrecords", "dataset=lfw_pairs", f"tfrecord.dir={tmp_path / 's'}"]
+    bad = subprocess.run([*command, "tfrecord.encoding=png", f"hydra.run.dir={tmp_path / 'bad'}"], cwd=PROJECT,
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and bad.stderr.splitlines() == [
+        "config error: tfrecord.encoding=png is not one of encoded|raw"], bad.stderr
+    good = subprocess.run([*command, f"hydra.run.dir={tmp_path / 'run'}"], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert good.returncode == 0, good.stderr[-2000:]
+    output = good.stdout + good.stderr
+    assert "absl::InitializeLog" not in output and "cudart_stub" not in output and "cpu_feature_guard" not in output, \
+        output[:2000]
+
+
+# ---------------------------------------------------------------------------------------------
+# Damaged shards: checked against the manifest before any pipeline reads them
+
+
+def _damaged_copy(converted, tmp_path, encoding="raw"):
+    """A copy of the chest shards of `encoding` that a test may damage: (cfg reading it, manifest, tables)."""
+    cfg, manifest, tables = converted("chest_xray", encoding)
+    directory = tmp_path / "shards"
+    shutil.copytree(cfg.tfrecord.dir, directory)
+    return _override(cfg, f"tfrecord.dir={directory}", "pipeline.source=tfrecord"), manifest, tables
+
+
+def _cut(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def test_cut_train_shards_lose_only_their_lost_records_which_are_listed_counted_and_logged(converted, tmp_path,
+                                                                                             caplog):
+    """Every train shard cut short, as a disk or a broken copy leaves it: each is read as far as its records are
+    whole, its lost records are one skipped.csv row naming the shard and counting as that many examples against
+    dataset.max_skipped_fraction, and the log says so; training reads on through epochs without an error."""
+    from tf_harness.data.skipped import SkipLog
+    from tf_harness.data.tables import check_skipped
+    from tf_harness.data.tfrecords.reader import TFRecordRecords, check_shards
+    cfg, manifest, tables = _damaged_copy(converted, tmp_path)
+    directory, shards = Path(cfg.tfrecord.dir), manifest["splits"]["train"]["shards"]
+    record = shards[0]["bytes"] // shards[0]["count"]  # raw records of one size: pixels and a label
+    for shard in shards:
+        _cut(directory / shard["file"], 2 * record + record // 2)  # two whole records, then half of one
+    skipped = SkipLog()
+    with caplog.at_level(logging.WARNING, logger="tf_harness.data.tfrecords.reader"):
+        check_shards(task_of(cfg), tables, layout.TFRecordSettings.from_config(cfg), "train", skipped)
+    lost = sum(shard["count"] - 2 for shard in shards)
+    assert skipped.rows == [(str(directory / shard["file"]),
+                             f"shard damaged: {shard['count'] - 2} of {shard['count']} records unreadable")
+                            for shard in shards]
+    assert len(skipped) == skipped.in_tables == lost and skipped.summary() == f"{lost} shard damaged"
+    for shard in shards:
+        assert (f"TFRecord shard {directory / shard['file']} is damaged (cut short: {2 * record + record // 2} of "
+                f"{shard['bytes']} bytes): {shard['count'] - 2} of its {shard['count']} records are unreadable and "
+                f"left out (skipped.csv)") in caplog.text
+    total = sum(len(table) for table in tables.values())
+    with pytest.raises(DatasetError, match=rf"^{lost} of {total} examples were skipped \({lost} shard damaged\), "
+                                           rf"more than dataset.max_skipped_fraction=0.1; "):
+        check_skipped(tables, skipped, 0.1)
+    check_skipped(tables, skipped, 0.99)
+
+    source = TFRecordRecords(task_of(cfg), tables["train"], "train", True, layout.TFRecordSettings.from_config(cfg))
+    assert source.epoch_length() == source.count == 2 * len(shards)
+    whole = {image.tobytes() for image, _ in read_shards(converted("chest_xray", "raw")[0], "train", False)
+             .as_numpy_iterator()}
+    stream = make_input(_override(cfg, "pipeline.batch_size=1"), tables["train"], True, "train").unbatch()
+    images = [image.tobytes() for image, _, _ in stream.take(3 * source.count).as_numpy_iterator()]
+    assert len(images) == 3 * source.count and len(set(images)) == source.count and set(images) <= whole
+
+
+def test_a_run_whose_cut_shards_lose_too_much_stops_with_one_line(converted, tmp_path):
+    cfg, manifest, _ = _damaged_copy(converted, tmp_path)
+    for shard in manifest["splits"]["train"]["shards"]:
+        _cut(Path(cfg.tfrecord.dir) / shard["file"], 300)  # not even one whole record
+    run_dir = tmp_path / "run"
+    result = run_cli("dataset=chest_xray", *SMALL, "model=semi_alexnet", "tfrecord.encoding=raw",
+                     f"tfrecord.dir={cfg.tfrecord.dir}", "pipeline.source=tfrecord", "trainer.train_steps=2",
+                     f"hydra.run.dir={run_dir}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    lost = manifest["splits"]["train"]["count"]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: {lost} of 361 examples were skipped ({lost} shard damaged), more than "
+        f"dataset.max_skipped_fraction=0.1"), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    with open(run_dir / "skipped.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(manifest["splits"]["train"]["shards"])
+    assert all(row["reason"].startswith("shard damaged: ") for row in rows)
+    assert "records are unreadable and left out" in (run_dir / "run.log").read_text()
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_a_cut_validation_shard_keeps_table_order_and_counts_its_lost_rows_for_nothing(converted, tmp_path,
+                                                                                      encoding):
+    """Evaluation reads a cut shard's whole records and gives each lost one a blank of weight 0 in its row: no
+    DataLossError, table order holds, and no image file is reported for the lost records."""
+    from tf_harness.data import unreadable
+    cfg, manifest, tables = _damaged_copy(converted, tmp_path, encoding)
+    shard = manifest["splits"]["validation"]["shards"][0]
+    path = Path(cfg.tfrecord.dir) / shard["file"]
+    _cut(path, path.stat().st_size // 2)
+    table, model_dir = tables["validation"], tmp_path / "run"
+    batches = list(make_input(cfg, table, False, "validation", model_dir=model_dir).as_numpy_iterator())
+    weights = np.concatenate([batch_weights for _, _, batch_weights in batches])[:len(table)]
+    labels = np.concatenate([batch_labels for _, batch_labels, _ in batches])[:len(table)]
+    readable = int(weights.sum())
+    assert 0 < readable < len(table) and weights.tolist() == [1.0] * readable + [0.0] * (len(table) - readable)
+    np.testing.assert_array_equal(labels[:readable], np.asarray(table.label.tolist())[:readable])
+    assert unreadable.collect(unreadable.report_folder(model_dir), set()) == []
+
+
+@pytest.mark.slow
+def test_a_run_with_a_cut_validation_shard_evaluates_the_rest_in_one_line(converted, tmp_path):
+    cfg, manifest, tables = _damaged_copy(converted, tmp_path)
+    shard = manifest["splits"]["validation"]["shards"][0]
+    path = Path(cfg.tfrecord.dir) / shard["file"]
+    _cut(path, path.stat().st_size // 2)
+    run_dir = tmp_path / "run"
+    result = run_cli("dataset=chest_xray", *SMALL, "model=semi_alexnet", "tfrecord.encoding=raw",
+                     f"tfrecord.dir={cfg.tfrecord.dir}", "pipeline.source=tfrecord", "trainer.train_steps=2",
+                     "trainer.eval_every=2", "dataset.max_skipped_fraction=0.2", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output and "DataLossError" not in output
+    lines = [line for line in output.splitlines() if str(path) in line and "is damaged" in line]
+    assert len(lines) == 1, output[-3000:]
+    with open(run_dir / "skipped.csv") as f:
+        rows = list(csv.DictReader(f))
+    lost = int(rows[0]["reason"].split()[2])
+    assert rows == [{"path": str(path), "reason": f"shard damaged: {lost} of {shard['count']} records unreadable"}]
+    assert json.loads((run_dir / "metrics.json").read_text())["examples"] == shard["count"] - lost
+
+
+def test_shards_changed_in_place_are_found_by_their_sha256(converted, tmp_path, caplog):
+    """Damage that keeps a shard's size: zeroed blocks (a bad disk, a torn write) are read up to the damage; a whole
+    shard of other records (two swapped) gives none; bytes after a whole shard are not read."""
+    from tf_harness.data.tfrecords.reader import TFRecordRecords, shard_verdicts
+    cfg, manifest, tables = _damaged_copy(converted, tmp_path)
+    directory, shards = Path(cfg.tfrecord.dir), manifest["splits"]["train"]["shards"]
+    record = shards[0]["bytes"] // shards[0]["count"]
+    first, second, third = (directory / shard["file"] for shard in shards[:3])
+    content = bytearray(first.read_bytes())
+    content[5 * record + 10:7 * record] = bytes(2 * record - 10)  # the 6th record onwards
+    first.write_bytes(bytes(content))
+    swapped = second.read_bytes()
+    second.write_bytes(third.read_bytes())
+    third.write_bytes(swapped)
+    fourth = directory / shards[3]["file"]
+    fourth.write_bytes(fourth.read_bytes() + b"appended by an editor\n")
+    with caplog.at_level(logging.WARNING, logger="tf_harness.data.tfrecords.reader"):
+        verdicts = shard_verdicts(directory, shards[:5])
+    assert verdicts[0] == (5, "its sha256 differs from the manifest's")
+    assert verdicts[1] == verdicts[2] == (0, "its sha256 differs from the manifest's; its records are not the ones "
+                                             "converted")
+    assert verdicts[3] == (shards[3]["count"], "22 bytes after its recorded end")
+    assert verdicts[4] == (shards[4]["count"], None)
+    assert (f"TFRecord shard {fourth} has 22 bytes after its recorded end; its {shards[3]['count']} records are "
+            f"read, and nothing after them") in caplog.text
+    source = TFRecordRecords(task_of(cfg), tables["train"], "train", True, layout.TFRecordSettings.from_config(cfg))
+    assert sum(1 for _ in source.records(0)) == sum(readable for readable, _ in shard_verdicts(directory, shards))
+
+
+def test_a_shards_sha256_is_read_once_per_version_of_the_file(converted, tmp_path, monkeypatch):
+    """The converter records the shards it wrote, so reading them hashes nothing; a file copied or touched is
+    hashed once, then remembered."""
+    from tf_harness.data.tfrecords import reader
+    cfg, manifest, tables = converted("chest_xray", "raw")
+    hashed = []
+    monkeypatch.setattr(reader, "sha256", lambda path, limit=None: hashed.append(path) or layout.sha256(path, limit))
+    settings = layout.TFRecordSettings.from_config(cfg)
+    reader.TFRecordRecords(task_of(cfg), tables["train"], "train", True, settings)
+    assert hashed == []
+    copy, _, _ = _damaged_copy(converted, tmp_path)
+    copied = layout.TFRecordSettings.from_config(copy)
+    for _ in range(2):
+        reader.TFRecordRecords(task_of(copy), tables["train"], "train", True, copied)
+    assert len(hashed) == len(manifest["splits"]["train"]["shards"])
+    os.utime(copied.directory / manifest["splits"]["train"]["shards"][0]["file"])
+    reader.TFRecordRecords(task_of(copy), tables["train"], "train", True, copied)
+    assert len(hashed) == len(manifest["splits"]["train"]["shards"]) + 1

@@ -7,15 +7,20 @@ conventions in experiments/; the data package itself never does.
 """
 import sys
 
-import hydra
+# First, as in run.py: it sets TensorFlow's environment before TensorFlow is imported, so the converter
+# starts as quietly as a run does, and reports a bad config before TensorFlow starts.
+from tf_harness.experiments import cli
 
-from tf_harness.data import task_from_config
-from tf_harness.data.tfrecords.layout import TFRecordSettings
-from tf_harness.data.tfrecords.writer import convert
-from tf_harness.experiments import cli, strategies
+import hydra
 
 
 def convert_configured(cfg):
+    # TensorFlow starts here, once cli.guarded has passed the config.
+    from tf_harness.data import task_from_config
+    from tf_harness.data.tfrecords.layout import TFRecordSettings
+    from tf_harness.data.tfrecords.writer import convert
+    from tf_harness.experiments import strategies
+
     workers, _ = strategies.workers()
     convert(task_from_config(cfg), TFRecordSettings.from_config(cfg), int(cfg.seed), cfg.pipeline.verify_images,
             cfg.dataset.max_skipped_fraction, workers)

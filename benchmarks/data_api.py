@@ -3,17 +3,18 @@
 Every call into `tf_harness.data.*` (Tasks, `load_tables`, `path_columns`, `input_fn`, the TFRecord
 converter's command line) and the Hydra config composition lives in the small functions below, so a
 change of that API is adapted here and nowhere else. The rest of `benchmarks/` sees plain values:
-a `DatasetInfo`, a `tf.data.Dataset` of training batches, a command line.
+a `DatasetInfo`, a `Bench` (one dataset at one batch and image size), a `tf.data.Dataset` of training
+batches, a command line.
 """
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository: its conf/ and the folder subprocesses start in
 DATASETS = ("chest_xray", "lfw_pairs", "imagenet_det")
+SEED = 42
 
 
 @dataclass
@@ -88,6 +89,57 @@ def describe(cfg) -> DatasetInfo:
                        wnids=imagenet_det.WNIDS if isinstance(task, imagenet_det.ImagenetDet) else None)
 
 
+class Bench:
+    """One dataset at one batch and image size: its config, training table, and its examples in a fixed
+    order, which every input row reads alike (the project's pipeline draws its own)."""
+
+    def __init__(self, name, batch_size, image_size, workdir):
+        """`image_size`: an int, or None for the dataset's own default (conf/dataset/<name>.yaml)."""
+        self.name, self.batch_size, self.image_size = name, batch_size, image_size
+        self.workdir = Path(workdir)
+        self.cfg = compose_cfg(name, batch_size, image_size)
+        self.info = describe(self.cfg)
+        self.spec, self.table, self.sampled = self.info.spec, self.info.table, self.info.sampled
+        self.per_example = 2 if self.spec.paired else 1
+        self.size, self.method, self.crop_fraction = self.info.size, self.info.method, self.info.crop_fraction
+        if self.sampled:
+            groups = self.table.groupby("person", sort=True).path
+            self.people = [list(paths) for _, paths in groups]
+            self.with_two = [k for k, paths in enumerate(self.people) if len(paths) >= 2]
+        else:
+            self.rows = list(zip(*(self.table[c] for c in self.info.path_columns)))
+            self.labels = [np.asarray(label, np.float32) for label in self.table.label]
+            self.order = np.random.default_rng(SEED).permutation(len(self.rows))
+
+    def cfg_with(self, *overrides):
+        return compose_cfg(self.name, self.batch_size, self.image_size, *overrides)
+
+    def first_image(self):
+        """The first training image's path."""
+        return self.table[self.info.path_columns[0]].iloc[0]
+
+    def example(self, i):
+        """Example i as (paths, label): a table row in a fixed shuffled order, or a drawn pair as
+        the project draws them (even i: two images of one person; odd i: two people)."""
+        if not self.sampled:
+            row = self.order[i % len(self.order)]
+            return self.rows[row], self.labels[row]
+        rng = np.random.default_rng([SEED, i])
+        if i % 2 == 0:
+            paths = self.people[self.with_two[rng.integers(len(self.with_two))]]
+            first, second = rng.choice(len(paths), 2, replace=False)
+            return (paths[first], paths[second]), np.ones([1], np.float32)
+        a, b = rng.choice(len(self.people), 2, replace=False)
+        return (self.people[a][rng.integers(len(self.people[a]))],
+                self.people[b][rng.integers(len(self.people[b]))]), np.zeros([1], np.float32)
+
+    def example_paths(self, count=None):
+        """The paths of the first `count` examples (default: one pass over the table, at least 1,024
+        drawn pairs), each a tuple of one path or two."""
+        count = count or (max(len(self.table), 1024) if self.sampled else len(self.table))
+        return [tuple(str(path) for path in self.example(i)[0]) for i in range(count)]
+
+
 # ----- data API adapter: the project's training pipeline --------------------------------------
 
 
@@ -101,6 +153,34 @@ def train_input(cfg, table, workdir, seed):
 
     pipeline = replace(Pipeline.from_config(cfg), seed=seed)
     return input_fn(task_from_config(cfg), table, pipeline, split="train", training=True, model_dir=workdir)
+
+
+def training_records(cfg, table):
+    """The training records of `table` (drawn pairs for LFW, else row numbers), repeated, and the record
+    source whose `load` turns one into an example, as `input_fn` maps them."""
+    from tf_harness.data import task_from_config
+    from tf_harness.data.input_fn import record_source
+
+    source = record_source(task_from_config(cfg), table, "train", training=True)
+    return source.records(0).repeat(), source
+
+
+def record_load(source, guarded):
+    """The per-record load of `source`: bare, or inside the decode guard (data/unreadable.py) that turns an
+    unreadable file into a skipped record."""
+    import tensorflow as tf
+
+    from tf_harness.data import unreadable
+
+    load = tf.autograph.experimental.do_not_convert(source.load)
+    return unreadable.guard(load, source.paths) if guarded else load
+
+
+def project_resize():
+    """The project's shrink of a decoded image: tf_harness.data.images.resize(image, size)."""
+    from tf_harness.data.images import resize
+
+    return resize
 
 
 # ----- data API adapter: the tf.data service's servers -------------------------------------------

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Fault trials: a run stopped at a random instant, then resumed, must end as if never stopped.
 
-    python benchmarks/faults.py [--datasets lfw_pairs,chest_xray,imagenet_det] [--trials 20]
+    python -m benchmarks faults [--datasets lfw_pairs,chest_xray,imagenet_det] [--trials 20]
                                 [--faults SIGTERM,SIGINT,SIGKILL] [--seed 0] [--work DIR]
 
 For each dataset a small deterministic run is made once without a fault (the reference), noting
@@ -23,7 +22,8 @@ the directory until it exits 0 and checks:
   steps logged after its last checkpoint to be trained and logged again on resume (TensorBoard
   shows both events; TF2's writers leave it no mark to purge the orphans by), so there the last
   event of each step must equal the reference's.
-Prints k/n per dataset and fault, and the reason of each failed trial.
+Prints k/n per dataset and fault, and the reason of each failed trial; it exits 1 when a trial failed.
+With --trials 0 it makes the reference runs alone.
 """
 import argparse
 import os
@@ -37,6 +37,9 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks import measure
+
+NAME = "faults"
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ("SIGTERM", "SIGINT", "SIGKILL")
 STEPS = 12
@@ -232,21 +235,19 @@ def report(counts, log=print):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {NAME}", description=__doc__,
+                                     formatter_class=measure.Help)
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--faults", default="SIGTERM,SIGINT")
     parser.add_argument("--trials", type=int, default=20, help="trials per dataset and fault")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", help="where the run directories go (default: a new temporary folder)")
     args = parser.parse_args(argv)
+    measure.header(NAME, argv, devices=False)  # TensorFlow runs in the trials' processes
     started = time.time()
-    print(f"load average {os.getloadavg()[0]:.2f} before")
     counts = run_trials(args.datasets.split(","), args.faults.split(","), args.trials, args.seed, args.work)
     report(counts)
-    print(f"load average {os.getloadavg()[0]:.2f} after; {time.time() - started:.0f} s in all")
-    print("command: python benchmarks/faults.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    print(f"{time.time() - started:.0f} s in all")
+    measure.footer()
     return 0 if all(passed == run for passed, run, _, _ in counts.values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

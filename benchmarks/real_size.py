@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Start-up at the real datasets' size: trees as large as NIH ChestX-ray14 and ILSVRC DET, made of hard links.
 
-    python benchmarks/real_size.py [FOLDER] [--nih 112120] [--det 450000] [--only nih|det]
+    python -m benchmarks real_size [FOLDER] [--nih 112120] [--det 450000] [--only nih|det] [--phases-only]
 
 Builds, in FOLDER (default /tmp/tf-harness-real-size), a NIH tree of 112,120
 ``Data_Entry_2017.csv`` rows and PNGs in Kaggle's ``images_001/images/`` ...
@@ -18,7 +17,10 @@ load average before and after:
 - added (NIH): one PNG and its CSV row added, likewise.
 
 Then, in a process of their own, the index and verification alone (wall and CPU
-seconds) of a cold and a warm start; ``--phases-only`` measures just these.
+seconds) of a cold and a warm start; ``--phases-only`` measures just these (on the trees
+built now, or kept from an earlier run at the same size).
+
+This process never imports TensorFlow: every start measured is a process of its own.
 """
 import argparse
 import csv
@@ -31,10 +33,19 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import measure
+
+NAME = "real_size"
 PROJECT = Path(__file__).resolve().parents[1]
-# The embedded samples, as tf_harness.data.samples.cache_home finds them (importing data would import TensorFlow).
-SAMPLES = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "tf-harness")) / "samples"
 WNIDS = [line.split()[0] for line in (PROJECT / "data" / "imagenet_det_synsets.txt").read_text().splitlines() if line]
+# Generates an embedded sample the trees link to, where absent, in a process of its own (importing the data
+# package would start TensorFlow here).
+MAKE_SAMPLE = """
+import sys
+from tf_harness.data import TASKS
+from tf_harness.data.samples import sample_root
+sample_root(sys.argv[1], TASKS[sys.argv[1]].make_sample)
+"""
 
 NIH_FOLDERS = 12  # images_001 ... images_012, as Kaggle ships them
 # Small settings for the model part, so that the input's start-up is what is measured.
@@ -54,9 +65,22 @@ def link(source, target):
         pass
 
 
+def sample_folder(dataset) -> Path:
+    """The dataset's embedded sample, where tf_harness.data.samples.cache_home finds it; generated if absent."""
+    cache = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "tf-harness"))
+    folder = cache / "samples" / f"{dataset}-v2"
+    if not folder.is_dir():
+        subprocess.run([sys.executable, "-c", MAKE_SAMPLE, dataset], cwd=PROJECT, check=True,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    return folder
+
+
 def build_nih(root: Path, entries: int) -> None:
     """A NIH tree of `entries` rows: each PNG links to a sample PNG, each row copies that sample's row."""
-    sample = SAMPLES / "chest_xray-v2"
+    done = root / ".complete"  # removed when a run changes or adds a file
+    if done.exists() and int(done.read_text()) == entries:
+        return
+    sample = sample_folder("chest_xray")
     with open(sample / "Data_Entry_2017.csv", newline="") as f:
         header, *rows = list(csv.reader(f))
     shutil.rmtree(root, ignore_errors=True)  # a previous run changed and added files
@@ -77,17 +101,18 @@ def build_nih(root: Path, entries: int) -> None:
     names = {row[0] for row in table}
     (root / "test_list.txt").write_text("\n".join(test) + "\n")
     (root / "train_val_list.txt").write_text("\n".join(sorted(names - set(test))) + "\n")
+    done.write_text(str(entries))
 
 
 def build_det(root: Path, images: int) -> None:
     """An ILSVRC tree of `images` DET images, each with an XML, linked to the sample's annotated images."""
-    sample = SAMPLES / "imagenet_det-v2" / "ILSVRC"
-    pairs = sorted((path, sample / "Annotations" / "DET" / path.relative_to(sample / "Data" / "DET").with_suffix(
-        ".xml")) for path in (sample / "Data" / "DET").rglob("*.JPEG"))
-    pairs = [(image, xml) for image, xml in pairs if xml.exists()]
     done = root / ".complete"
     if done.exists() and int(done.read_text()) == images:
         return
+    sample = sample_folder("imagenet_det") / "ILSVRC"
+    pairs = sorted((path, sample / "Annotations" / "DET" / path.relative_to(sample / "Data" / "DET").with_suffix(
+        ".xml")) for path in (sample / "Data" / "DET").rglob("*.JPEG"))
+    pairs = [(image, xml) for image, xml in pairs if xml.exists()]
     val = images // 22  # ILSVRC 2014: 20,121 validation images beside 456,567 for training
     wnid_images = (images - val) * 88 // 100
     layout = [(f"train/ILSVRC2013_train/{WNIDS[i % len(WNIDS)]}", f"{WNIDS[i % len(WNIDS)]}_{i:08d}")
@@ -173,6 +198,7 @@ def print_phases(tree, dataset, root: Path, folder: Path) -> None:
 
 def change_one_nih_file(root: Path) -> None:
     """Replaces one PNG by a truncated copy (a new file: the others share its inode)."""
+    (root / ".complete").unlink(missing_ok=True)
     path = next((root / "images_001" / "images").iterdir())
     content = path.read_bytes()
     path.unlink()
@@ -181,6 +207,7 @@ def change_one_nih_file(root: Path) -> None:
 
 def add_one_nih_file(root: Path) -> None:
     """Adds one PNG and its row to Data_Entry_2017.csv."""
+    (root / ".complete").unlink(missing_ok=True)
     folder = root / f"images_{NIH_FOLDERS:03d}" / "images"
     shutil.copy(next(folder.iterdir()), folder / "99999999_000.png")
     with open(root / "Data_Entry_2017.csv", "a", newline="") as f:
@@ -206,41 +233,48 @@ def print_table(results) -> None:
               + f" | {loop} s | {result['checked']} | {result['rss_mb']:.0f} MB | {result['cpu']:.0f} | {result['load']} |")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def runs(tree, dataset, root, folder) -> dict:
+    """The tree's runs from a cold cache: first, second, and on NIH one file changed, then one added."""
+    cache = folder / f"cache-{tree}"
+    shutil.rmtree(cache, ignore_errors=True)  # a cold start: no index, no verification records
+    cache.mkdir(parents=True)
+    steps = [("first", None), ("second", None)]
+    if tree == "nih":
+        steps += [("changed", change_one_nih_file), ("added", add_one_nih_file)]
+    results = {}
+    for name, change in steps:
+        if change:
+            change(root)
+        results[tree, name] = run(dataset, root, cache, folder / f"run-{tree}-{name}")
+        print(f"{tree} {name}: {results[tree, name]}", flush=True)
+    return results
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {NAME}", description=__doc__,
+                                     formatter_class=measure.Help)
     parser.add_argument("folder", nargs="?", default="/tmp/tf-harness-real-size", type=Path)
     parser.add_argument("--nih", type=int, default=112_120, help="NIH rows and PNGs")
     parser.add_argument("--det", type=int, default=450_000, help="DET images (each with an XML)")
     parser.add_argument("--only", choices=("nih", "det"))
     parser.add_argument("--phases-only", action="store_true",
-                        help="on trees already built: only the data phases of a cold and a warm start")
-    args = parser.parse_args()
+                        help="only the data phases of a cold and a warm start, no python run.py")
+    args = parser.parse_args(argv)
+    measure.header(NAME, argv, devices=False)  # TensorFlow runs in the children only
     results = {}
     for tree, dataset, build, size in (("nih", "chest_xray", build_nih, args.nih),
                                        ("det", "imagenet_det", build_det, args.det)):
         if args.only not in (None, tree):
             continue
-        root, cache = args.folder / tree, args.folder / f"cache-{tree}"
-        if args.phases_only:
-            print_phases(tree, dataset, root, args.folder)
-            continue
+        root = args.folder / tree
         started = time.perf_counter()
         build(root, size)
         print(f"{tree}: {size:,} images linked in {root} ({time.perf_counter() - started:.0f} s)", flush=True)
-        shutil.rmtree(cache, ignore_errors=True)  # a cold start: no index, no verification records
-        cache.mkdir(parents=True)
-        steps = [("first", None), ("second", None)]
-        if tree == "nih":
-            steps += [("changed", change_one_nih_file), ("added", add_one_nih_file)]
-        for name, change in steps:
-            if change:
-                change(root)
-            results[tree, name] = run(dataset, root, cache, args.folder / f"run-{tree}-{name}")
-            print(f"{tree} {name}: {results[tree, name]}", flush=True)
+        if not args.phases_only:
+            results.update(runs(tree, dataset, root, args.folder))
         print_phases(tree, dataset, root, args.folder)
     if results:
         print_table(results)
-
-
-if __name__ == "__main__":
-    main()
+    measure.footer()
+    return 0

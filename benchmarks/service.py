@@ -1,6 +1,7 @@
 """The tf.data service's cost: the file pipeline read here vs through a localhost dispatcher.
 
-    python benchmarks/service.py [--dataset chest_xray] [--workers 1,2] [--repeats 5] [--seconds 8]
+    python -m benchmarks service [--dataset chest_xray] [--workers 1,2] [--rounds 5] [--seconds 8]
+                                 [--batch-size N] [--image-size N]
 
 Rows: the project's training pipeline (`pipeline.source=files`) iterated in this process, and the
 same pipeline with `pipeline.service=grpc://localhost:PORT`, fed by a dispatcher and 1 or 2 workers
@@ -10,7 +11,8 @@ interleaved rounds; each ratio to the local row is the median of per-round ratio
 
 On one machine the workers share the trainer's cores, so the service cannot be faster than local
 decoding here: what this measures is its overhead (gRPC, copying batches between processes, a
-dispatcher), the price paid for cores that another machine would add.
+dispatcher), the price paid for cores that another machine would add. `--workers 0` measures the
+local row alone.
 """
 import argparse
 import os
@@ -23,9 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import data_api
-import measure
-from measure import Bench, Source, Stream
+from benchmarks import data_api, measure
+from benchmarks.data_api import Bench
+from benchmarks.measure import Source, tf_start
+
+NAME = "service"
 
 WORKDIR = Path(tempfile.gettempdir()) / "service-bench"
 
@@ -70,55 +74,18 @@ class Cluster:
                 process.wait()
 
 
-def _start(make_dataset, pids=None):
-    """A Source's start(): a fresh iterator of a dataset built once; CPU counts the `pids` processes too."""
-    holder = {}
-
-    def start():
-        if "data" not in holder:
-            holder["data"] = make_dataset()
-        iterators = [iter(holder["data"])]
-        return Stream(lambda: next(iterators[0]), iterators.clear, pids)
-
-    return start
-
-
-class SplitSource(Source):
-    """A Source that also keeps the images per CPU-second of this process alone: the trainer's share."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.own_rates = []
-
-    def measure(self, warmup, batches):
-        stream = self.start()
-        try:
-            for _ in range(warmup):
-                stream.next_batch()
-            own, cpu, system = time.process_time(), stream.cpu_seconds(), measure.system_busy_seconds()
-            started = time.perf_counter()
-            for _ in range(batches):
-                stream.next_batch()
-            wall, cpu, own = time.perf_counter() - started, stream.cpu_seconds() - cpu, time.process_time() - own
-            self.own_rates.append(batches * self.images_per_batch / max(own, 1e-9))
-            return wall, cpu, max(measure.system_busy_seconds() - system - cpu, 0.0) / wall
-        finally:
-            stream.close()
-
-
 def sources(bench, clusters):
     def pipeline(*overrides):
         return lambda: data_api.train_input(bench.cfg_with(*overrides), bench.table, WORKDIR, measure.SEED)
 
-    rows = [SplitSource("local", "file pipeline, read here", bench, _start(pipeline()))]
+    rows = [Source("local", "file pipeline, read here", bench, tf_start(pipeline()))]
     for count, cluster in clusters.items():
-        rows.append(SplitSource(f"service{count}", f"through a localhost dispatcher, {count} worker(s)", bench,
-                           _start(pipeline(f"pipeline.service={cluster.address}"), cluster.pids)))
+        rows.append(Source(f"service{count}", f"through a localhost dispatcher, {count} worker(s)", bench,
+                           tf_start(pipeline(f"pipeline.service={cluster.address}"), cluster.pids)))
     return rows
 
 
 def report(bench, rows, loads):
-    print(f"\ncommand: python benchmarks/service.py {' '.join(sys.argv[1:])}")
     print(f"{bench.name}, {bench.image_size} px, batch {bench.batch_size}, {measure.CORES} cores; "
           f"load average {loads[0]:.2f} before, {loads[1]:.2f} after; {len(rows[0].rates)} paired rounds")
     # images/CPU-s counts every process of a row; "here" this process alone, the trainer's share.
@@ -129,19 +96,22 @@ def report(bench, rows, loads):
     by_key = {row.key: row for row in rows}
     print("  ratio to the local row, median of per-round ratios (min–max):")
     for row in rows[1:]:
-        print(f"    {row.title:<44} images/s {measure.ratio_text(measure.round_ratios(by_key, row.key, 'local'))}, "
-              f"per CPU-s {measure.ratio_text(measure.round_ratios(by_key, row.key, 'local', 'cpu_rates'))}")
+        print(f"    {row.title:<44} images/s {measure.spread(measure.round_ratios(by_key, row.key, 'local'))}, "
+              f"per CPU-s {measure.spread(measure.round_ratios(by_key, row.key, 'local', 'cpu_rates'))}")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks {NAME}", description=__doc__,
+                                     formatter_class=measure.Help)
     parser.add_argument("--dataset", default="chest_xray", choices=data_api.DATASETS)
-    parser.add_argument("--workers", default="1,2", help="worker counts, one localhost cluster each")
+    parser.add_argument("--workers", default="1,2", help="worker counts, one localhost cluster each; 0: none")
     parser.add_argument("--batch-size", type=int, default=None, help="default: the dataset's")
     parser.add_argument("--image-size", type=int, default=None, help="default: the dataset's")
-    parser.add_argument("--repeats", type=int, default=5, help="paired rounds")
+    parser.add_argument("--rounds", "--repeats", type=int, default=5, help="paired rounds")
     parser.add_argument("--seconds", type=float, default=8, help="seconds per row and round")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    measure.header(NAME, argv)
     defaults = data_api.compose_defaults(args.dataset).pipeline
     bench = Bench(args.dataset, args.batch_size or defaults.batch_size, args.image_size or defaults.image_size,
                   WORKDIR)
@@ -149,15 +119,15 @@ def main():
     clusters = {}
     try:
         for count in (int(value) for value in args.workers.split(",")):
-            clusters[count] = Cluster(count, WORKDIR)
+            if count:
+                clusters[count] = Cluster(count, WORKDIR)
         rows = sources(bench, clusters)
         before = measure.load_average()
-        measure.run_interleaved(rows, args.seconds, args.repeats)
+        measure.run_interleaved(rows, args.seconds, args.rounds)
         report(bench, rows, (before, measure.load_average()))
     finally:
         for cluster in clusters.values():
             cluster.stop()
+    measure.footer()
+    return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,368 @@
+"""What the trainer's step and loops cost: against a plain Keras step, a device-bound ceiling, and each other.
+
+    python -m benchmarks steps [cost] [--datasets chest_xray] [--steps 10] [--rounds 3] [--loops 1,10]
+    python -m benchmarks steps first-calls [--datasets chest_xray] [--rounds 3] [--loops 1,10]
+    python -m benchmarks steps host-loss [--datasets lfw_pairs,imagenet_det] [--loops 1,10,50] [--jit false,true]
+    python -m benchmarks steps overhead [--datasets lfw_pairs,imagenet_det] [--per-call 50] [--jit null]
+    python -m benchmarks steps per-loop [--datasets lfw_pairs,imagenet_det] [--loops 1,50]
+                                        [--steps lfw_pairs=100,imagenet_det=50] [--rounds lfw_pairs=3,imagenet_det=1]
+    every mode also: [--override pipeline.cache=memory ...] (a Hydra override for every row, repeatable)
+
+Modes, each a set of rows timed after its trace and warm-up (start-up and tracing left out):
+
+cost (the default): the trainer's traced step over a minimal one. Rows: keras, the yardstick
+    (benchmarks/step_baselines.py: a plain Keras train step on its own instance of the default model;
+    keras XLA beside it where the trainer compiles its step); step, `Trainer.train_step` (augmentation,
+    the non-finite checks and skip, the batch-norm statistics kept for a skip, the global step); loop N,
+    `Trainer.train_loop(iterator, N)` as the runner calls it. Every row reads the same few batches of the
+    training pipeline, cached in memory and repeated, so the input costs next to nothing.
+first-calls: start-up instead: the cost rows' first call of one step (loop rows: one loop), trace and
+    graph optimization included, each in a fresh process of its own so no row inherits another's warm
+    caches; --rounds paired rounds of them.
+host-loss: how much of a step is lost to the host. Rows: ceiling, N per call (the yardstick N times in one
+    tf.function over one batch held on the device, for each N of --loops), ceiling XLA (the longest, compiled
+    whole), and loop N, jit J (the trainer's loop over the run's pipeline, per J of --jit: its own Trainer).
+    Host loss = 1 - the fastest ceiling's time per step ÷ the row's, per round; the trainer's own extra
+    device work counts as loss too, so it bounds the host's share from above.
+overhead: where that gap opens: a while loop written here around the yardstick adds, one row at a time,
+    what the trainer's loop does per step (1. resident batch, 2. + iterator, 3. + clocks, 4. + device
+    condition, 5. + results, 6. + pipeline), then 7. trainer; at --per-call steps per call (the longest of
+    --loops), the step under XLA where the trainer's is.
+per-loop: steps/s of `Trainer.train_loop` at each of --loops (trainer.steps_per_loop) over the run's
+    pipeline, against the first, and the milliseconds per step the longest saves: the host's per-call cost.
+
+Rows run in paired rounds, the order rotated every round, so drift and other processes' load fall on every
+row alike. Reported per row (medians over rounds): steps/s, images/s (an LFW example is two images), images
+per CPU-second of this process (every thread, tf.data's included), the input-wait fraction where the row
+times it, and per-round ratios of time and of CPU per step to the mode's base row, with their spread (min–max
+over rounds). The devices TensorFlow sees and the 1-minute load average (before and after) frame the output.
+"""
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+from typing import Callable, NamedTuple
+
+import tensorflow as tf
+
+from benchmarks import data_api, measure
+from benchmarks.measure import spread, timed, timing_ratios
+from benchmarks.step_baselines import PARTS, bare_loop, ceiling_loop, keras_step, on_device
+from tf_harness.experiments import strategies
+from tf_harness.experiments.trainer import Trainer
+
+NAME = "steps"
+# Per mode: datasets, steps per row and round, paired rounds, loop lengths. The per-loop defaults take about
+# 5 minutes in all on 2 busy cores, where a semi-AlexNet step on 415x482 images takes 1-1.5 s.
+DEFAULTS = {"cost": ("chest_xray", "10", "3", "1,10"), "first-calls": ("chest_xray", "1", "3", "1,10"),
+            "host-loss": ("lfw_pairs,imagenet_det", "200", "3", "1,10,50"),
+            "overhead": ("lfw_pairs,imagenet_det", "200", "3", "50"),
+            "per-loop": ("lfw_pairs,imagenet_det", "lfw_pairs=100,imagenet_det=50", "lfw_pairs=3,imagenet_det=1",
+                         "1,50")}
+CACHED_BATCHES = 4
+
+
+class Row(NamedTuple):
+    run: Callable  # runs `steps` steps, waits for their results; returns their input wait in s, or None
+    unit: int = 1  # steps per call: a row runs whole calls
+    warm: Callable = None  # one short call that traces what `run` calls; None: run(unit)
+
+
+class Plan(NamedTuple):
+    """A mode's rows for one dataset, and how its table reads them."""
+
+    rows: dict
+    cfg: object
+    info: object
+    base: Callable  # results -> (label, the base Timings of each round)
+    note: str = ""
+    extra: tuple = None  # (column title, function(name, results, steps) -> cell)
+    after: Callable = None  # function(results, steps) -> a line printed after the table
+
+
+# ---------------------------------------------------------------------------------------------
+# What every mode builds on
+
+
+def setup(dataset, overrides, jit=None):
+    """The dataset's default config with `overrides` (and trainer.jit_compile=`jit`), and its DatasetInfo."""
+    cfg = data_api.compose_defaults(dataset, *overrides, *([f"trainer.jit_compile={jit}"] if jit else []))
+    tf.keras.utils.set_random_seed(cfg.seed)
+    return cfg, data_api.describe(cfg)
+
+
+def make_trainer(cfg, info):
+    return Trainer(cfg, info.spec, strategies.make_strategy(cfg.strategy), info.size)
+
+
+def pipeline_iterator(cfg, info):
+    """An iterator over the run's training pipeline; with a cache on, after the pass that fills it, so no row
+    pays for filling it."""
+    iterator = iter(data_api.train_input(cfg, info.table, workdir=None, seed=cfg.seed))
+    if cfg.pipeline.cache != "none" and not info.sampled:  # drawn pairs are never cached
+        for _ in range(math.ceil(len(info.table) / cfg.pipeline.batch_size) + 1):
+            next(iterator)
+    return iterator
+
+
+def step_row(step, iterator):
+    """A row calling a one-step function (its first result the loss) once per batch."""
+    def run(steps):
+        for _ in range(steps):
+            loss = step(*next(iterator))[0]
+        float(loss)  # waits for the last step
+    return Row(run)
+
+
+def loop_row(trainer, iterator, per_loop):
+    """The trainer's loops of `per_loop` steps, as the runner calls them; a run returns its input wait. The
+    warm-up call is at most 2 steps: one trace of the loop serves every length."""
+    def run(steps):
+        return sum(trainer.train_loop(iterator, per_loop).wait for _ in range(steps // per_loop))
+    return Row(run, per_loop, lambda: trainer.train_loop(iterator, min(per_loop, 2)))
+
+
+def named(name):
+    return lambda results: (name, results[name])
+
+
+def settings(cfg) -> str:
+    """The run settings a table's rows share."""
+    return (f"model={cfg.model.name} batch={cfg.pipeline.batch_size} image_size={cfg.pipeline.image_size} "
+            f"cache={cfg.pipeline.cache}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The modes' rows
+
+
+def cost(dataset, args, jits):
+    cfg, info = setup(dataset, args.override, jits[0])
+    trainer = make_trainer(cfg, info)
+    batches = data_api.train_input(cfg, info.table, workdir=None, seed=cfg.seed).take(CACHED_BATCHES).cache()
+    iterator = iter(batches.repeat())
+    for _ in range(CACHED_BATCHES):  # fills the cache, so no row pays for the pipeline's start
+        next(iterator)
+    rows = {"keras": step_row(keras_step(cfg, info.spec, info.size), iterator)}
+    if trainer.jit_compile:  # the trainer's step is one XLA cluster: so is this yardstick's, beside the plain one
+        rows["keras XLA"] = step_row(keras_step(cfg, info.spec, info.size, jit_compile=True), iterator)
+    rows["step"] = step_row(trainer.train_step, iterator)
+    rows.update({f"loop {n}": loop_row(trainer, iterator, n) for n in args.loops})
+    return Plan(rows, cfg, info, named("keras"), f"step jit_compile={trainer.jit_compile}, "
+                                                 f"{CACHED_BATCHES} cached batches")
+
+
+def host_loss(dataset, args, jits):
+    cfg, info = setup(dataset, args.override)
+    iterator = pipeline_iterator(cfg, info)
+    batch, longest = next(iterator), max(args.loops)
+    # A ceiling per loop length: what looping alone gains a step with no host work of its own.
+    rows = {f"ceiling, {n} per call": Row(ceiling_loop(cfg, info, batch, n, False), n) for n in args.loops}
+    rows[f"ceiling XLA, {longest} per call"] = Row(ceiling_loop(cfg, info, batch, longest, True), longest)
+    for jit in jits:
+        trainer = make_trainer(*setup(dataset, args.override, jit))
+        rows.update({f"loop {n}, jit {trainer.jit_compile}": loop_row(trainer, iterator, n) for n in args.loops})
+
+    def fastest_ceiling(results):
+        ceilings = [runs for name, runs in results.items() if name.startswith("ceiling")]
+        return "fastest ceiling", [min(runs, key=lambda run: run.seconds) for runs in zip(*ceilings)]
+
+    def host_loss_cell(name, results, steps):
+        return spread([1 - 1 / ratio for ratio in timing_ratios(results[name], fastest_ceiling(results)[1])], 3)
+
+    def gains(results, steps):
+        shortest, longest_runs = (results[f"ceiling, {n} per call"] for n in (min(args.loops), longest))
+        return (f"{dataset}: looping gains the bare step {spread(timing_ratios(shortest, longest_runs), 3)}× in "
+                f"steps/s at {longest} vs {min(args.loops)} per call, saving "
+                f"{spread(measure.saved_ms(shortest, longest_runs, steps))} ms per step: the host's cost of a call")
+    return Plan(rows, cfg, info, fastest_ceiling, "", ("host loss (min–max)", host_loss_cell), gains)
+
+
+def overhead(dataset, args, jits):
+    cfg, info = setup(dataset, args.override, jits[0])
+    trainer, per_call = make_trainer(cfg, info), max(args.loops)
+    pipeline = pipeline_iterator(cfg, info)
+    host_batch = next(pipeline)
+    resident = on_device(host_batch)
+    repeated = iter(tf.data.Dataset.from_tensors(host_batch).repeat())
+    sources = {"resident": lambda: resident, "repeated": lambda: next(repeated), "pipeline": lambda: next(pipeline)}
+    yardstick = keras_step(cfg, info.spec, info.size)
+    yardstick(*resident)  # builds the model and Adam's slots outside the loops, as a traced loop needs
+    # As the trainer's trainer.jit_compile: the step one XLA cluster, the loop around it in the graph.
+    step = yardstick.python_function
+    step = tf.function(step, jit_compile=True) if trainer.jit_compile else step
+    rows = {name: Row(bare_loop(step, sources[parts.source], per_call, parts, host_batch[1].dtype), per_call)
+            for name, parts in PARTS.items()}
+    rows["7. trainer"] = loop_row(trainer, pipeline, per_call)
+
+    def added(name, results, steps):
+        names = list(results)
+        above = names.index(name) - 1
+        return "—" if above < 0 else spread(measure.saved_ms(results[name], results[names[above]], steps))
+    return Plan(rows, cfg, info, named("1. resident"), f"step jit_compile={trainer.jit_compile}, {per_call} steps "
+                f"per call", ("ms per step added to the row above (min–max)", added))
+
+
+def per_loop(dataset, args, jits):
+    cfg, info = setup(dataset, args.override, jits[0])
+    trainer, iterator = make_trainer(cfg, info), pipeline_iterator(cfg, info)
+    rows = {f"loop {n}": loop_row(trainer, iterator, n) for n in args.loops}
+    base, longest = f"loop {args.loops[0]}", f"loop {args.loops[-1]}"
+
+    def speed_up(name, results, steps):
+        return spread(timing_ratios(results[base], results[name]), 3)
+
+    def saved(results, steps):
+        # What the longest loop saved per step: the host's per-call cost (dispatch, read-back, Python) that a
+        # loop spreads over its steps. No loop length can save more than all of it, which bounds the ratio.
+        step_ms = statistics.median(1000 * run.seconds / steps for run in results[longest])
+        return (f"{dataset}: a step at {args.loops[-1]} per loop takes {step_ms:.1f} ms; {args.loops[-1]} vs "
+                f"{args.loops[0]} per loop saved {spread(measure.saved_ms(results[base], results[longest], steps))} "
+                "ms per step")
+    return Plan(rows, cfg, info, named(base), f"step jit_compile={trainer.jit_compile}",
+                (f"steps/s ÷ {base} (min–max)", speed_up), saved)
+
+
+MODES = {"cost": cost, "first-calls": None, "host-loss": host_loss, "overhead": overhead, "per-loop": per_loop}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a plan
+
+
+def warm_up(rows):
+    """Each row's first call (its trace; loop rows of every length share one) and its second, timed."""
+    for name, row in rows.items():
+        call = row.warm or (lambda row=row: row.run(row.unit))
+        first, second = timed(call), timed(call)
+        print(f"{name}: first call {first.seconds:.1f} s ({first.cpu:.1f} CPU-s), the second {second.seconds:.2f} s "
+              f"({second.cpu:.2f} CPU-s)", flush=True)
+
+
+def bench(mode, dataset, args):
+    """Runs `mode` on `dataset`: one table per --jit value, or one for all of them (host-loss)."""
+    for jits in [args.jit] if mode == "host-loss" else [[jit] for jit in args.jit]:
+        plan = MODES[mode](dataset, args, jits)
+        unit = math.lcm(*(row.unit for row in plan.rows.values()))
+        steps, rounds = unit * max(1, args.steps[dataset] // unit), args.rounds[dataset]  # whole calls of every row
+        warm_up(plan.rows)
+        results = measure.rotated_rounds({name: row.run for name, row in plan.rows.items()}, steps, rounds)
+        if not rounds:
+            continue
+        print(f"\n{dataset}: {settings(plan.cfg)}, {plan.note + ', ' if plan.note else ''}{steps} steps per row, "
+              f"{rounds} rounds")
+        print_table(dataset, plan, results, steps)
+        if plan.after:
+            print(plan.after(results, steps), flush=True)
+
+
+def print_table(dataset, plan, results, steps):
+    """Medians over rounds of steps/s, images/s, images per CPU-second and the input-wait share; per-round
+    ratios of time and CPU per step to the base, with their spread; and the mode's own column."""
+    label, base_runs = plan.base(results)
+    images = steps * plan.cfg.pipeline.batch_size * (2 if plan.info.spec.paired else 1)
+    head = (f"| {dataset} row | steps/s | images/s | images/CPU-s | input wait | time per step ÷ {label} "
+            f"(min–max) | CPU per step ÷ {label} (min–max) |" + (f" {plan.extra[0]} |" if plan.extra else ""))
+    print(head + "\n" + "|---" * (head.count("|") - 1) + "|")
+    for name, runs in results.items():
+        rate = statistics.median(steps / run.seconds for run in runs)
+        waits = [run.value / run.seconds for run in runs if run.value is not None]
+        cells = [f"{rate:.2f}", f"{rate * images / steps:.0f}",
+                 f"{statistics.median(measure.per(images, run.cpu) for run in runs):.1f}",
+                 f"{statistics.median(waits):.3f}" if waits else "—",
+                 spread(timing_ratios(runs, base_runs), 3), spread(timing_ratios(runs, base_runs, "cpu"), 3)]
+        if plan.extra:
+            cells.append(plan.extra[1](name, results, steps))
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+def first_calls(dataset, args):
+    """Paired rounds of the cost rows' first calls, one fresh process per row and round; their table."""
+    names = ["keras", "step", *(f"loop {n}" for n in args.loops)]
+    results = {name: [] for name in names}
+    for number, name in measure.rotations(names, args.rounds[dataset]):
+        child = [sys.executable, "-m", "benchmarks", NAME, "first-calls", "--datasets", dataset, "--loops",
+                 ",".join(map(str, args.loops)), "--first-of", name, *(f"--override={o}" for o in args.override)]
+        out = subprocess.run(child, check=True, capture_output=True, text=True, cwd=data_api.ROOT).stdout
+        results[name].append(json.loads(out.strip().splitlines()[-1]))
+        print(f"round {number + 1}, {name}: {results[name][-1]['cpu']:.1f} CPU-s", flush=True)
+    print(f"\n{dataset}: first calls, {args.rounds[dataset]} rounds\n"
+          "| row | seconds | CPU-s (min–max) | CPU-s ÷ keras (min–max) |\n|---|---|---|---|")
+    for name in names:
+        ratios = [run["cpu"] / base["cpu"] for run, base in zip(results[name], results["keras"])]
+        print(f"| {name} | {statistics.median(run['seconds'] for run in results[name]):.1f} | "
+              f"{spread([run['cpu'] for run in results[name]], 1)} | {spread(ratios, 3)} |")
+
+
+def first_call(dataset, name, args):
+    """In this process (a first-calls child): the first call of one step (loop rows: one loop) of row `name`."""
+    row = cost(dataset, args, [None]).rows[name]
+    timing = timed(row.run, row.unit)
+    print(json.dumps({"seconds": timing.seconds, "cpu": timing.cpu}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def per_dataset(text, default, datasets):
+    """`--steps`/`--rounds`: one number for every dataset, or per dataset as `lfw_pairs=100,imagenet_det=50`
+    over the mode's `default`; a dataset named in neither gets the least of the numbers named."""
+    def parse(value):
+        if "=" not in value:
+            return {dataset: int(value) for dataset in datasets}
+        return {key: int(number) for key, number in (item.split("=") for item in value.split(",") if item)}
+    values = {**parse(default), **parse(text)}
+    return {dataset: values.get(dataset, min(values.values())) for dataset in datasets}
+
+
+def parser(mode):
+    datasets, steps, rounds, loops = DEFAULTS[mode]
+    parse = argparse.ArgumentParser(prog=f"python -m benchmarks {NAME} {mode}", description=__doc__,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                                    epilog=f"The defaults above are the {mode} mode's; `python -m benchmarks {NAME} "
+                                           f"MODE --help` shows another's (modes: {', '.join(MODES)}).")
+    parse.add_argument("--datasets", "--dataset", default=datasets, help=f"comma-separated (default {datasets})")
+    parse.add_argument("--steps", default=steps, help="steps per row and round: N, or per dataset as "
+                                                         f"lfw_pairs=100,imagenet_det=50 (default {steps})")
+    parse.add_argument("--rounds", default=rounds, help=f"paired rounds, likewise (default {rounds}); 0: only the "
+                                                        "first and second calls")
+    parse.add_argument("--loops", "--per-call", default=loops,
+                       help=f"loop lengths (steps per call), comma-separated (default {loops}); overhead: the longest")
+    parse.add_argument("--jit", default="", help="trainer.jit_compile values, comma-separated (true, false, null); "
+                                                 "default: the config's")
+    parse.add_argument("--override", action="append", default=[], help="a Hydra override for every row, repeatable")
+    parse.add_argument("--first-calls", type=int, help="cost: rounds of start-up timing instead (= first-calls mode)")
+    parse.add_argument("--first-of", help=argparse.SUPPRESS)  # a first-calls child: the row to time
+    return parse
+
+
+def parse_args(argv):
+    mode = argv[0] if argv[:1] and argv[0] in MODES else "cost"
+    args = parser(mode).parse_args(argv[1:] if argv[:1] == [mode] else argv)
+    if args.first_calls:  # as the cost mode's --first-calls N: N rounds of first calls
+        mode, args.rounds = "first-calls", str(args.first_calls)
+    args.mode, args.datasets = mode, args.datasets.split(",")
+    args.loops = [int(n) for n in args.loops.split(",")]
+    args.jit = [jit or None for jit in args.jit.split(",")]
+    _, steps, rounds, _ = DEFAULTS[mode]
+    args.steps, args.rounds = per_dataset(args.steps, steps, args.datasets), per_dataset(args.rounds, rounds,
+                                                                                          args.datasets)
+    return args
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.first_of:
+        return first_call(args.datasets[0], args.first_of, args)
+    measure.header(NAME, argv)
+    for dataset in args.datasets:
+        if args.mode == "first-calls":
+            first_calls(dataset, args)
+        else:
+            bench(args.mode, dataset, args)
+    measure.footer()
+    return 0

@@ -117,7 +117,7 @@ def resize(image, size):
     - any other shrink averages each output pixel's footprint (``area``, an exact box filter, about as
       cheap as bilinear). With the PNG decode, the real NIH X-rays at 224px then take 0.91 (0.89-0.96)
       of a plain decode + bilinear resize's images per CPU-second, where the pre-shrink and antialiasing
-      took 0.83 (benchmarks/resize_cost.py). Area at 64px would move the X-rays' pixels by 1.0 level on
+      took 0.83 (`python -m benchmarks input resize`). Area at 64px would move the X-rays' pixels by 1.0 level on
       average from the direct antialiased resize (the other branch: 0.7) and save nothing;
     - enlarging (LFW at 224px) is plain bilinear: antialiasing changes no pixel there.
 

@@ -123,7 +123,7 @@ def _loaded(source, data, model_dir, training, cached, first_epoch, first_decode
     Where every record must be decoded without fail, an image file that fails to read or decode gives
     weight 0 instead of ending the iterator, and is reported for skipped.csv (data/unreadable.py):
     evaluation keeps its row, counting for nothing, and training leaves it out. That guard costs up to
-    a third more CPU per image (benchmarks/guard_cost.py), so training pays it only while each file is
+    a third more CPU per image (`python -m benchmarks input guard`), so training pays it only while each file is
     decoded the first time: for the first `first_epoch` records of an endless stream of epochs (what
     fails there is reported, and later epochs just leave it out), or in the one pass that fills a cache.
     Drawn records (LFW's pairs) have no epochs: a guarded pass over records that hold each file once

@@ -70,9 +70,9 @@ def loop_length(step, steps_per_loop, target, intervals) -> int:
 
 def default_steps_per_loop() -> int:
     """``trainer.steps_per_loop: null``: 10 where a GPU or TPU can idle while the host works between steps;
-    1 on CPU alone, where loops measured no faster (benchmarks/steps_per_loop.py) and a one-step call,
-    traced without a while loop, reached ResNet-v2-152's first step sooner (benchmarks/step_cost.py
-    --first-calls)."""
+    1 on CPU alone, where loops measured no faster (`python -m benchmarks steps per-loop`) and a one-step call,
+    traced without a while loop, reached ResNet-v2-152's first step sooner (`python -m benchmarks steps
+    first-calls`)."""
     return 10 if tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU") else 1
 
 

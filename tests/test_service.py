@@ -186,12 +186,12 @@ def test_a_run_whose_dispatcher_cannot_be_reached_exits_2_in_one_line(tmp_path):
 
 @pytest.mark.slow  # starts two TensorFlow servers beside the benchmark
 def test_the_service_benchmark_prints_its_rows_and_ratios():
-    result = subprocess.run([sys.executable, "benchmarks/service.py", "--workers", "1", "--repeats", "1", "--seconds",
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "service", "--workers", "1", "--repeats", "1", "--seconds",
                              "0.5"], cwd=PROJECT, capture_output=True, text=True, timeout=600,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    assert "command: python benchmarks/service.py --workers 1 --repeats 1 --seconds 0.5" in out
+    assert "command: python -m benchmarks service --workers 1 --repeats 1 --seconds 0.5" in out
     assert "chest_xray, 64 px, batch 16" in out and "load average" in out
     rows = {line.split("  ")[1].strip(): line.split()[-4:] for line in out.splitlines()
             if line.startswith("  file pipeline") or line.startswith("  through")}

@@ -1,19 +1,33 @@
-"""A run's record for TensorBoard's HParams dashboard: the keys its sweep varies, their domains, the metric columns.
+"""A run's record for TensorBoard's HParams dashboard: the keys its sweep varies, their domains, the metric
+columns, its trial id and how it ended.
 
 How the dashboard reads a log dir (TensorBoard 2.21), and what each record does about it:
 
-- It takes one run's `hparams_config` for the whole log dir, the first it finds. So every run declares every
-  task's metric columns, its own first, and a log dir holding several datasets keeps each one's columns.
+- It takes one run's `hparams_config` for the whole log dir, the first it finds, and ticks its first five metric
+  columns; parallel coordinates draws a line only for a run that has a value in every ticked column. So a run
+  declares only the metrics its dataset writes (its own first: a single-dataset log dir gets a line per run), and
+  a sweep over `dataset` also declares the other swept datasets' metrics, so that the table has their columns
+  whichever run is read first.
 - It ticks the first five hyper-parameters, taking those marked as differing first. The keys the sweep varies are
   marked so; every other leaf of the config follows (the first of them fill up the five), for ticking in.
 - It prints every number with five significant digits (`4.0000`). So an int is recorded as its digits, unless the
   sweep draws it from an interval, which needs a number.
-- It groups runs by trial id, and the default id is a hash of the values. So the run directory is the trial id,
-  and repeated sweeps with the same values stay apart.
+- It groups runs by trial id, shown in the Trial ID column (10em: about 16 characters, the rest cut), and the default
+  id is a hash of the values. So the trial id is a sweep job's number then its sweep folder's name, or a single
+  run's folder name: what tells rows apart comes first, and repeated sweeps with the same values stay apart.
 - Its filter offers a discrete domain's values as checkboxes, and unticking one hides the runs that have it. So
   swept keys declare a domain, the values the sweep lists or the interval it draws from, and the others none.
+- It reads a session's status (Success, Failure: the Status filter) from a session-end record, the first one a run
+  holds. So each job that ends writes one, and an `exit_status` scalar (the job's exit status, a metric column),
+  into an event file of its own that replaces the previous job's (`mark_session`).
+
+Nothing here imports TensorFlow: the sweep report (experiments/sweep_report.py) marks sessions with it.
 """
+import json
 import logging
+import os
+import socket
+import time
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -21,12 +35,21 @@ from hydra.core.override_parser.types import Glob
 from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from tensorboard.plugins.hparams import api as hp
-from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+from tensorboard.plugins.hparams import summary_v2 as hp  # what `api` exports, without importing TensorFlow
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 log = logging.getLogger(__name__)
-# The validation metrics each task reports (experiments/metrics.py), as dashboard columns.
+# The validation metrics each task writes at every evaluation (experiments/metrics.py), its headline first, as
+# dashboard columns. Not declared: chest X-rays' per-finding `auc/<finding>` (14 columns) and LFW's `auc`, which is
+# undefined (so not written) when an evaluation sees one class only, and its `<n>_fold_accuracy_*`, written only by a
+# whole `eval_pairs=pairs` evaluation.
 TASK_METRICS = {"multilabel": ("auc/mean",), "binary": ("accuracy",), "multiclass": ("accuracy", "top5_accuracy")}
+# The job's exit status (README's table), a scalar at the top of the run directory: a metric column.
+EXIT_STATUS = "exit_status"
+# The end of the file that holds a run's session-end record and exit status.
+SESSION_END = ".session_end"
 
 
 def sweep_domains(hydra_cfg) -> dict:
@@ -98,7 +121,8 @@ def _run_value(cfg, hydra_cfg, key):
 
 
 def hparams_and_values(cfg, hydra_cfg):
-    """The dashboard's hyper-parameters (swept keys first, with their domains) and this run's values."""
+    """The dashboard's hyper-parameters (swept keys first, with their domains), this run's values, and the swept
+    keys' domains (`sweep_domains`)."""
     domains = sweep_domains(hydra_cfg)
     hparams, values = [], {}
     for key, domain in domains.items():
@@ -119,17 +143,41 @@ def hparams_and_values(cfg, hydra_cfg):
         if key not in values:
             hparams.append(hp.HParam(key))
             values[key] = _shown(value, _kind([value]))
-    return hparams, values, set(domains)
+    return hparams, values, domains
 
 
-def metric_columns(task) -> list:
-    """The task's validation metrics, validation and train loss, then the other tasks' metrics."""
+def swept_tasks(domains) -> list:
+    """The tasks of the datasets a sweep over `dataset` lists (every dataset for a glob); empty otherwise.
+    Imports each one's Task (and so TensorFlow): call it in a job."""
+    if "dataset" not in domains:
+        return []
+    from tf_harness.data import TASKS
+    names = domains["dataset"] or list(TASKS)
+    return list(dict.fromkeys(TASKS[name].SPEC.task for name in names if name in TASKS))
+
+
+def metric_columns(task, swept=()) -> list:
+    """The task's validation metrics, validation and train loss, the exit status (`mark_session`), then the metrics
+    of the other tasks in `swept` (a sweep over datasets): no column that no run of the sweep writes."""
     own = TASK_METRICS[task]
-    others = dict.fromkeys(tag for tags in TASK_METRICS.values() for tag in tags if tag not in own)
+    others = dict.fromkeys(tag for other in swept for tag in TASK_METRICS[other] if tag not in own)
     validation = dict(group="validation", dataset_type=hp.Metric.VALIDATION)
     return ([hp.Metric(tag, **validation) for tag in own]
-            + [hp.Metric("loss", **validation), hp.Metric("loss", group="train", dataset_type=hp.Metric.TRAINING)]
+            + [hp.Metric("loss", **validation), hp.Metric("loss", group="train", dataset_type=hp.Metric.TRAINING),
+               hp.Metric(EXIT_STATUS, description="the job's exit status: 0 success, 1 failed, 2 config error")]
             + [hp.Metric(tag, **validation) for tag in others])
+
+
+def trial_id(run_dir, hydra_cfg) -> str:
+    """The run's Trial ID: a sweep job's number, then its sweep folder's name (`3 · 14-03-22_a1b2c3` for
+    `14-03-22_a1b2c3/3`), or a single run's folder name. The 10em column shows the job number and the sweep's time;
+    the default folders' names (time and a random id) never repeat, so repeated sweeps stay apart."""
+    run_dir = Path(os.path.realpath(run_dir))
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        sweep = Path(os.path.realpath(hydra_cfg.sweep.dir))
+        if run_dir != sweep and run_dir.is_relative_to(sweep):
+            return f"{run_dir.relative_to(sweep).as_posix()} · {sweep.name}"
+    return run_dir.name
 
 
 def config_pb(hparams, metrics, swept):
@@ -146,3 +194,41 @@ def config_pb(hparams, metrics, swept):
             info.domain_discrete.extend(sorted(listed, key=int))
     content.content = data.SerializeToString()
     return summary
+
+
+def has_record(run_dir) -> bool:
+    """Whether the run directory holds its HParams record (the event file at its top that is not `mark_session`'s:
+    that one alone, its record deleted, is no row)."""
+    return any(not path.name.endswith(SESSION_END) for path in Path(run_dir).glob("events.out.tfevents.*"))
+
+
+def _global_step(run_dir) -> int:
+    """The global step of the run's last evaluation (metrics.json), 0 without one."""
+    try:
+        return int(json.loads((Path(run_dir) / "metrics.json").read_text()).get("global_step") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def mark_session(run_dir, status) -> Path:
+    """Records how the job that ran in `run_dir` ended: its session status (success for exit status 0, failure
+    otherwise) and its `exit_status` scalar, in an event file of their own that replaces an earlier job's (the
+    dashboard reads only a run's first session-end record). Written with TensorBoard's record writer, not
+    TensorFlow's, and atomically. Returns the file."""
+    run_dir, now = Path(run_dir), time.time()
+    end = plugin_data_pb2.HParamsPluginData(session_end_info=plugin_data_pb2.SessionEndInfo(
+        status=api_pb2.STATUS_SUCCESS if status == 0 else api_pb2.STATUS_FAILURE, end_time_secs=now))
+    summary = summary_pb2.Summary()
+    summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=metadata.create_summary_metadata(end),
+                      tensor=metadata.NULL_TENSOR)
+    summary.value.add(tag=EXIT_STATUS, simple_value=float(status))
+    name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}{SESSION_END}"
+    partial = run_dir / f".{name}.partial"
+    with open(partial, "wb") as f:
+        writer = RecordWriter(f)
+        writer.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
+        writer.write(event_pb2.Event(wall_time=now, step=_global_step(run_dir), summary=summary).SerializeToString())
+    for earlier in run_dir.glob(f"events.out.tfevents.*{SESSION_END}"):
+        earlier.unlink(missing_ok=True)
+    os.replace(partial, run_dir / name)
+    return run_dir / name

@@ -1,5 +1,6 @@
 """What a run leaves for review: TensorBoard scalars, the HParams record and metrics.json."""
 import json
+import logging
 import math
 import os
 
@@ -7,7 +8,10 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
 from tf_harness.experiments import hparams as hparams_record
-from tf_harness.experiments import review, run_directory
+from tf_harness.experiments import review
+
+log = logging.getLogger(__name__)
+
 
 class Summaries:
     """Event writers for `<model_dir>/train` and `<model_dir>/validation`."""
@@ -41,23 +45,35 @@ class Summaries:
     def hparams(self, cfg, task, hydra_cfg):
         """Records the run's hyper-parameters for TensorBoard's HParams dashboard (experiments/hparams.py), once
         per run directory: a re-entry (resume, evaluate, predict) runs the saved config, already recorded."""
-        if not self.enabled or run_directory.has_hparams(self.model_dir):
+        if not self.enabled or hparams_record.has_record(self.model_dir):
             return
         hparams, values, swept = hparams_record.hparams_and_values(cfg, hydra_cfg)
-        config = hparams_record.config_pb(hparams, hparams_record.metric_columns(task), swept)
+        metrics = hparams_record.metric_columns(task, hparams_record.swept_tasks(swept))
+        config = hparams_record.config_pb(hparams, metrics, swept)
         with tf.summary.create_file_writer(self.model_dir).as_default():
             tf.summary.experimental.write_raw_pb(config.SerializeToString(), step=0)
-            # The run directory as trial id: runs with the same values, in repeated sweeps, stay apart.
-            hparams_api.hparams(values, trial_id=os.path.abspath(self.model_dir))
+            # `<job number> · <sweep folder>` or the run folder's name: short, and repeated sweeps stay apart.
+            hparams_api.hparams(values, trial_id=hparams_record.trial_id(self.model_dir, hydra_cfg))
 
 
 def evaluated_step(model_dir):
-    """The global step of the evaluation metrics.json holds; None when there is none yet."""
+    """The global step of the evaluation metrics.json holds; None when there is none yet, or when the file cannot be
+    read (logged: the evaluation is redone, and the file written again)."""
+    path = os.path.join(model_dir, "metrics.json")
     try:
-        with open(os.path.join(model_dir, "metrics.json")) as f:
-            return json.load(f).get("global_step")
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            values = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        problem = f"cannot be read ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+    else:
+        step = values.get("global_step") if isinstance(values, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+        problem = "holds no global_step"
+    log.warning("%s %s: taking it as no evaluation; the next one writes it again", path, problem)
+    return None
 
 
 def write_metrics(model_dir, values: dict):

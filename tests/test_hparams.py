@@ -1,5 +1,8 @@
 """The HParams dashboard shows the sweep: swept keys first with their domains, ints as ints, one session per run
-directory, and every task's metric columns, read back with TensorBoard's own reader."""
+directory under a short trial id, the metric columns the run's dataset writes, and how each job ended, read back
+with TensorBoard's own reader."""
+import numpy as np
+import pytest
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 from tensorboard.plugins.hparams import api_pb2, metadata
@@ -63,33 +66,91 @@ def test_a_swept_config_group_is_a_column_of_its_options(tmp_path):
     assert start.hparams["dataset"].string_value == "chest_xray"
 
 
-def test_each_run_directory_is_its_own_session_even_with_the_same_values(tmp_path):
+def test_each_run_directory_is_its_own_session_under_a_short_trial_id_even_with_the_same_values(tmp_path):
+    """The Trial ID column (10em) showed `/tmp/…` on every row; repeated sweeps with the same values stay apart."""
     starts = []
-    for sweep in ("sweep-a", "sweep-b"):
+    for sweep in ("sweep-a", "2025-05-01/14-03-22_a1b2c3"):
         hydra_cfg = hydra_config(tmp_path / sweep, {"dataset": "lfw_pairs"}, ["seed=1,2"])
         starts.append(record(tmp_path / sweep / "0", "binary", compose("dataset=lfw_pairs", "seed=1"), hydra_cfg)[1])
     assert starts[0].hparams == starts[1].hparams
-    assert starts[0].group_name == str(tmp_path / "sweep-a" / "0")
-    assert starts[1].group_name == str(tmp_path / "sweep-b" / "0")
+    # The job number first: the column shows about 16 characters.
+    assert [start.group_name for start in starts] == ["0 · sweep-a", "0 · 14-03-22_a1b2c3"]
 
 
-def test_every_run_declares_every_task_metric_own_first_with_its_run_group(tmp_path):
-    """TensorBoard reads one run's columns for a whole log dir: a log dir with two datasets keeps both."""
-    hydra_cfg = OmegaConf.create({"mode": RunMode.RUN})
-    columns = {}
-    for dataset, task in (("chest_xray", "multilabel"), ("lfw_pairs", "binary"), ("imagenet_det", "multiclass")):
-        experiment, _ = record(tmp_path / dataset, task, compose(f"dataset={dataset}"), hydra_cfg)
-        columns[dataset] = [(info.name.group, info.name.tag, info.dataset_type) for info in experiment.metric_infos]
-    validation, train = api_pb2.DATASET_VALIDATION, api_pb2.DATASET_TRAINING
-    assert columns["chest_xray"] == [("validation", "auc/mean", validation), ("validation", "loss", validation),
-                                     ("train", "loss", train), ("validation", "accuracy", validation),
-                                     ("validation", "top5_accuracy", validation)]
-    assert columns["lfw_pairs"][:3] == [("validation", "accuracy", validation), ("validation", "loss", validation),
-                                        ("train", "loss", train)]
-    assert columns["imagenet_det"][:2] == [("validation", "accuracy", validation),
-                                           ("validation", "top5_accuracy", validation)]
-    # The dashboard shows the first five metric columns: all of them.
-    assert all(sorted(found) == sorted(columns["chest_xray"]) and len(found) == 5 for found in columns.values())
+def test_a_single_run_s_trial_id_is_its_folder_name(tmp_path):
+    run_dir = tmp_path / "2025-05-01" / "14-03-22_lfw_pairs_a1b2c3"
+    _, start = record(run_dir, "binary", compose("dataset=lfw_pairs"), OmegaConf.create({"mode": RunMode.RUN}))
+    assert start.group_name == "14-03-22_lfw_pairs_a1b2c3"
+
+
+def columns_of(experiment):
+    return [(info.name.group, info.name.tag, info.dataset_type) for info in experiment.metric_infos]
+
+
+VALIDATION, TRAIN, UNKNOWN = api_pb2.DATASET_VALIDATION, api_pb2.DATASET_TRAINING, api_pb2.DATASET_UNKNOWN
+SHARED = [("validation", "loss", VALIDATION), ("train", "loss", TRAIN), ("", "exit_status", UNKNOWN)]
+
+
+@pytest.mark.parametrize("dataset, task, own", [("chest_xray", "multilabel", ["auc/mean"]),
+                                                ("lfw_pairs", "binary", ["accuracy"]),
+                                                ("imagenet_det", "multiclass", ["accuracy", "top5_accuracy"])])
+def test_a_run_declares_only_the_metrics_its_dataset_writes(tmp_path, dataset, task, own):
+    """Parallel coordinates draws no line for a run without a value in a ticked column: a single-dataset sweep drew
+    none while every run declared `auc/mean` and `top5_accuracy`."""
+    experiment, _ = record(tmp_path / dataset, task, compose(f"dataset={dataset}"),
+                           OmegaConf.create({"mode": RunMode.RUN}))
+    assert columns_of(experiment) == [("validation", tag, VALIDATION) for tag in own] + SHARED
+    # TensorBoard ticks the first five metric columns: all of them.
+    assert len(experiment.metric_infos) <= 5
+
+
+@pytest.mark.parametrize("dataset", ["chest_xray", "lfw_pairs", "imagenet_det"])
+def test_the_declared_metrics_are_those_every_evaluation_writes_headline_first(dataset):
+    """The columns follow experiments/metrics.py: each one is in every evaluation's values, the first is the
+    headline metric (what a sweep compares)."""
+    from tf_harness.data import TASKS
+    from tf_harness.experiments import metrics
+    from tf_harness.experiments.hparams import TASK_METRICS
+    spec = TASKS[dataset].SPEC
+    rng = np.random.default_rng(0)
+    classes = len(spec.class_names)
+    labels = (rng.integers(0, 2, (64, classes)) if spec.task == "multilabel" else
+              rng.integers(0, 2, 64) if spec.task == "binary" else rng.integers(0, classes, 64))
+    written = metrics.evaluate(spec.task, spec.class_names, labels, rng.normal(size=(64, classes)))
+    assert set(TASK_METRICS[spec.task]) <= set(written)
+    assert TASK_METRICS[spec.task][0] == metrics.headline(spec.task)
+
+
+def test_a_sweep_over_datasets_declares_each_swept_dataset_s_metrics_own_first(tmp_path):
+    """TensorBoard takes the first run's columns for the whole log dir: each dataset's keep a column."""
+    hydra_cfg = hydra_config(tmp_path / "sweep", {"dataset": "chest_xray"}, ["dataset=chest_xray,lfw_pairs"])
+    experiment, _ = record(tmp_path / "sweep" / "0", "multilabel", compose("dataset=chest_xray"), hydra_cfg)
+    assert columns_of(experiment) == [("validation", "auc/mean", VALIDATION)] + SHARED + [
+        ("validation", "accuracy", VALIDATION)]
+
+
+def test_a_job_s_end_is_its_session_status_and_exit_status_and_the_last_job_s_counts(tmp_path):
+    """The dashboard reads a run's first session-end record: a later job's replaces the earlier one's."""
+    from tf_harness.experiments.hparams import EXIT_STATUS, SESSION_END, mark_session
+    run_dir = tmp_path / "run"
+    record(run_dir, "binary", compose("dataset=lfw_pairs"), OmegaConf.create({"mode": RunMode.RUN}))
+    (run_dir / "metrics.json").write_text('{"global_step": 4}')
+    for status, expected in ((1, api_pb2.STATUS_FAILURE), (0, api_pb2.STATUS_SUCCESS)):
+        mark_session(run_dir, status)
+        accumulator, tags = event_tags(run_dir)
+        end = metadata.parse_session_end_info_plugin_data(
+            accumulator.SummaryMetadata(metadata.SESSION_END_INFO_TAG).plugin_data.content)
+        assert end.status == expected
+        assert [(event.step, event.value) for event in accumulator.Scalars(EXIT_STATUS)] == [(4, status)]
+        assert len(list(run_dir.glob(f"events.out.tfevents.*{SESSION_END}"))) == 1
+    assert not list(run_dir.glob(".*partial"))
+    # The session-end file alone is no HParams record: a re-entry writes a deleted record again.
+    from tf_harness.experiments.hparams import has_record
+    assert has_record(run_dir)
+    for path in run_dir.glob("events.out.tfevents.*"):
+        if not path.name.endswith(SESSION_END):
+            path.unlink()
+    assert not has_record(run_dir)
 
 
 def test_a_single_run_marks_nothing_as_swept(tmp_path):

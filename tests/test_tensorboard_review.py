@@ -1,6 +1,8 @@
-"""The review a user gets, seen in a real browser: a 2-value sweep, `tensorboard --logdir` on it, and headless
-Chromium (Debian's `chromium`, driven by playwright) on the HParams, Time Series and Images dashboards."""
+"""The review a user gets, seen in a real browser: a 3-value sweep, one of its jobs failing, in the default sweep
+folder layout, `tensorboard --logdir` on it, and headless Chromium (Debian's `chromium`, driven by playwright) on the
+HParams, Time Series and Images dashboards."""
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -62,30 +64,78 @@ def tensorboard(tmp_path):
         process.wait(timeout=30)
 
 
+# The HParams dashboard's parts (TensorBoard 2.21's Polymer elements, reached through their shadow roots).
+TABLE, PLOT = "tf-hparams-table-view", "tf-hparams-parallel-coords-plot"
+# The width of a cell's first `chars` characters, and the cell's: the Trial ID column is 10em, cut with an ellipsis.
+SHOWN = """(cell, chars) => { const range = document.createRange(); const text = cell.firstChild;
+  range.setStart(text, 0); range.setEnd(text, Math.min(chars, text.length));
+  return [range.getBoundingClientRect().width, cell.clientWidth]; }"""
+
+
+def shown_cell(table, text):
+    """The table's visible cell that reads `text` (vaadin-grid keeps rows it hides after a filter)."""
+    return table.locator("div.table-cell:visible").filter(has_text=re.compile(f"^{re.escape(text)}$"))
+
+
+def cell_text(table, trial_id, column):
+    """The text the table shows in `column` of the row whose Trial ID is `trial_id`. vaadin-grid lays the cells out
+    flat: the headers (up to the first empty cell), then each row's, which have none for `Show Metrics`."""
+    cells = [text.strip() for text in table.locator("div.table-cell").all_inner_texts()]
+    headers = cells[:cells.index("")]
+    row = cells[cells.index(trial_id):][:len(headers) - 1]
+    return row[headers.index(column) - 1]
+
+
 @pytest.mark.slow
 def test_tensorboard_shows_the_sweep_its_input_wait_and_its_inputs_in_a_browser(tmp_path, tensorboard):
     from playwright.sync_api import expect, sync_playwright
     browser_path = chromium()
-    sweep = tmp_path / "sweep"
-    result = run_cli("-m", "dataset=lfw_pairs", "experiment=smoke", "trainer.learning_rate=0.001,0.01",
-                     f"hydra.sweep.dir={sweep}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    url = tensorboard(sweep)
+    # The default layout, outputs/multirun/<date>/<time>_<id>/<job>, and `tensorboard --logdir` above it.
+    logdir = tmp_path / "multirun"
+    result = run_cli("-m", "dataset=lfw_pairs", "experiment=smoke", "trainer.learning_rate=0.001,0.01,1e30",
+                     f"hydra.sweep.dir={logdir}/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}_${{run_id:}}")
+    assert result.returncode == 1, result.stderr[-3000:]  # 1e30: a non-finite loss
+    (sweep,) = logdir.glob("*/*")
+    summary = result.stderr.rstrip().splitlines()[-1]
+    assert summary.startswith("3 jobs ran, 1 failed; best accuracy ") and summary.endswith(
+        (f"(trainer.learning_rate=0.001): {sweep / '0'}", f"(trainer.learning_rate=0.01): {sweep / '1'}")), summary
+    url = tensorboard(logdir)
     wait_for_plugins(url, ["hparams", "timeseries", "images", "pr_curves"])
     shots = tmp_path / "screenshots"
+    trial_ids = [f"{job} · {sweep.name}" for job in range(3)]
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 2100, "height": 640})
-        # HParams: one row per run, the swept learning rates (printed with 5 digits) and the metric.
+        # HParams: one row per run, the swept learning rates (printed with 5 digits) and the metrics.
         page.goto(f"{url}/#hparams")
-        table = page.locator("tf-hparams-table-view")
-        for value in ("0.0010000", "0.010000"):
+        table = page.locator(TABLE)
+        for value in ("0.0010000", "0.010000", "1.0000e+30"):
             expect(table.get_by_text(value, exact=True).first).to_be_visible(timeout=60_000)
-        expect(table.get_by_text(str(sweep / "0"), exact=True)).to_be_visible()
-        expect(table.get_by_text(str(sweep / "1"), exact=True)).to_be_visible()
-        for column in ("trainer.learning_rate", "validation.accuracy", "validation.loss", "train.loss"):
+        # Each Trial ID is short: the job number and the sweep's time show in the 10em column.
+        for trial_id in trial_ids:
+            cell = shown_cell(table, trial_id)
+            expect(cell).to_be_visible()
+            shown, width = cell.evaluate(SHOWN, len(trial_id.split("_")[0]))
+            assert shown + 16 <= width, (trial_id, shown, width)  # and room for the ellipsis
+        # Only the metrics an LFW run writes, and the exit status: the failed job's is 1.
+        columns = ("trainer.learning_rate", "validation.accuracy", "validation.loss", "train.loss", "exit_status")
+        for column in columns:
             expect(table.get_by_role("columnheader", name=column, exact=True)).to_be_visible()
+        for absent in ("validation.auc/mean", "validation.top5_accuracy"):
+            expect(table.get_by_role("columnheader", name=absent)).to_have_count(0)
+        statuses = {trial_id: cell_text(table, trial_id, "exit_status") for trial_id in trial_ids}
+        assert statuses == {trial_ids[0]: "0.0000", trial_ids[1]: "0.0000", trial_ids[2]: "1.0000"}, statuses
         page.screenshot(path=shots / "hparams.png")
+        # The session status: with Success unticked, the failed job's row alone is left.
+        page.locator("tf-hparams-query-pane").get_by_role("checkbox", name="Success").click()
+        for trial_id, count in zip(trial_ids, (0, 0, 1)):
+            expect(shown_cell(table, trial_id)).to_have_count(count, timeout=30_000)
+        page.locator("tf-hparams-query-pane").get_by_role("checkbox", name="Success").click()
+        expect(shown_cell(table, trial_ids[0])).to_be_visible(timeout=30_000)
+        # Parallel coordinates: a line per run, as ticked by default.
+        page.get_by_text("Parallel Coordinates View").click()
+        expect(page.locator(f"{PLOT} g.foreground path")).to_have_count(3, timeout=60_000)
+        page.screenshot(path=shots / "parallel_coordinates.png")
         # Time Series: the input-bound fraction's card.
         page.goto(f"{url}/#timeseries")
         expect(page.get_by_text("input_wait_fraction", exact=True).first).to_be_visible(timeout=60_000)
@@ -97,4 +147,5 @@ def test_tensorboard_shows_the_sweep_its_input_wait_and_its_inputs_in_a_browser(
         expect(images.locator("tf-image-loader img").first).to_be_visible(timeout=60_000)
         page.screenshot(path=shots / "images.png")
         browser.close()
-    assert all((shots / name).stat().st_size > 10_000 for name in ("hparams.png", "timeseries.png", "images.png"))
+    names = ("hparams.png", "parallel_coordinates.png", "timeseries.png", "images.png")
+    assert all((shots / name).stat().st_size > 10_000 for name in names)

@@ -41,3 +41,61 @@ def test_modules_and_functions_stay_short():
                     long_functions.append(f"{path.relative_to(PROJECT)}:{node.lineno} {node.name}: {length} lines")
     assert not long_files, long_files
     assert not long_functions, long_functions
+
+
+# Where a reader enters each file of the documented path, and the file of the path that calls it there.
+_ENTRIES = {"run.py": ("train_and_evaluate", None), "experiments/runner.py": ("run", "run.py"),
+            "data/input_fn.py": ("input_fn", "experiments/runner.py"),
+            "data/chest_xray.py": ("load", "data/input_fn.py"), "experiments/trainer.py": ("train_loop", "experiments/runner.py")}
+_TRACE = """
+import json, os, runpy, sys
+project, wanted = sys.argv[1], json.loads(sys.argv[2])
+entries = {os.path.join(project, path): name for path, (name, _) in wanted.items()}
+callers = {}
+
+def profile(frame, event, arg):
+    if event != "call" or entries.get(frame.f_code.co_filename) != frame.f_code.co_name:
+        return
+    path = os.path.relpath(frame.f_code.co_filename, project)
+    if path in callers:
+        return
+    stack, caller = [], frame.f_back
+    while caller is not None:
+        stack.append(os.path.relpath(caller.f_code.co_filename, project))
+        caller = caller.f_back
+    callers[path] = stack
+    if path == "experiments/trainer.py":  # the first step: what came before it is all this test asks
+        print(json.dumps(callers), flush=True)
+        os._exit(0)
+
+sys.argv = ["run.py", *sys.argv[3:]]
+sys.setprofile(profile)
+runpy.run_path(os.path.join(project, "run.py"), run_name="__main__")
+"""
+
+
+def test_the_documented_path_to_the_first_step_is_the_one_a_run_takes(tmp_path):
+    """docs/architecture.md lists the files from `python run.py dataset=chest_xray` to the first step; a real
+    run enters each one from the one before it."""
+    import json
+    import re
+    text = (PROJECT / "docs" / "architecture.md").read_text()
+    section = text[text.index("## From the command line to the first step"):]
+    documented = re.findall(r"^\d\. `([^`]+)`:", section, flags=re.M)
+    assert documented == list(_ENTRIES), documented
+    assert "four files after run.py" in section and len(documented) == 5
+    result = subprocess.run([sys.executable, "-c", _TRACE, str(PROJECT), json.dumps(_ENTRIES), "dataset=chest_xray",
+                             "model=semi_alexnet", "pipeline.image_size=32", "pipeline.batch_size=4",
+                             "trainer.train_steps=1", f"hydra.run.dir={tmp_path / 'run'}"],
+                            cwd=PROJECT, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    callers = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(callers) == set(documented), callers
+    for entered, (function, caller) in list(_ENTRIES.items())[1:]:
+        # The nearest file of the path on the stack is the one the documented step comes from.
+        nearest = next(path for path in callers[entered] if path in _ENTRIES)
+        assert nearest == caller, f"{entered}'s {function} was called from {nearest}, not {caller}"
+    # At the first step, no file outside the path (and cli.py's wrappers) stands between the command and it.
+    project_files = {path for path in callers["experiments/trainer.py"] if not path.startswith((".venv", "<"))}
+    assert project_files <= {"run.py", "experiments/cli.py", "experiments/runner.py"}, project_files

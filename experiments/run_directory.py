@@ -37,10 +37,10 @@ RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eva
 # May change in these modes only: the checkpoint does not depend on them, but training's saved input
 # iterator depends on the batch size, and training holds the evaluation pairs' people out.
 EVALUATION_KEYS = ("pipeline.batch_size", "dataset.eval_pairs", "dataset.fold")
-EVALUATION_MODES = ("evaluate", "predict")
+EVALUATION_MODES = ("evaluate", "predict", "export")
 ALLOWED = ("mode, trainer.train_steps|eval_every|eval_steps|checkpoint_every|log_every|steps_per_loop|"
            "jit_compile|profile_steps, "
-           "dataset.root, pipeline.source|cache|service, strategy and (for mode=evaluate|predict) "
+           "dataset.root, pipeline.source|cache|service, strategy and (for mode=evaluate|predict|export) "
            "pipeline.batch_size, dataset.eval_pairs|fold")
 _ABSENT = object()
 

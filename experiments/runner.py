@@ -24,14 +24,14 @@ from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import Pipeline, input_fn
 from tf_harness.data.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
-from tf_harness.experiments import (checkpoints, interrupts, leftovers, metrics, review, run_directory, run_lock, strategies,
-                                    xla_cache)
+from tf_harness.experiments import (checkpoints, export, interrupts, leftovers, metrics, review, run_directory,
+                                    run_lock, strategies, xla_cache)
 from tf_harness.experiments.startup import StartupClock
 from tf_harness.experiments.summaries import Summaries, evaluated_step, write_metrics
 from tf_harness.experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
 
 log = logging.getLogger(__name__)
-MODES = ("train_and_evaluate", "train", "evaluate", "predict")
+MODES = ("train_and_evaluate", "train", "evaluate", "predict", "export")
 
 
 def _logs_above_the_bar(method):
@@ -106,6 +106,8 @@ def run(cfg):
                           context=strategies.input_context(strategy), worker=None if chief else worker, clock=clock)
     if cfg.mode == "predict":
         estimator.predict()
+    elif cfg.mode == "export":
+        export.export(estimator)
     elif cfg.mode == "evaluate":
         estimator.evaluate(restore=True)
     else:

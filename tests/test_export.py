@@ -1,0 +1,212 @@
+"""mode=export: a SavedModel whose `serving_default` takes encoded image files and gives predictions.csv's
+probabilities, loadable by TensorFlow alone.
+
+The fast tests build tiny models in this process: the signature's names and shapes, its outputs against each
+dataset's own `load` and the evaluation step's arithmetic on odd files (grayscale and CMYK JPEGs, a PNG named
+.JPEG, RGBA and 16-bit PNGs), and the export folder's rules. The slow one trains a tiny run per dataset,
+predicts, exports, and serves predictions.csv's files from a fresh process that imports only TensorFlow.
+"""
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from tests.conftest import REAL, compose, require_real_fixtures, run_cli, task_of
+from tf_harness.data.errors import ConfigError
+from tf_harness.experiments import export, metrics
+from tf_harness.experiments.trainer import Trainer
+
+# A tiny model per dataset, at the smoke experiment's 32px; every decode setting differs between them.
+TINY = {
+    "chest_xray": ("model=semi_alexnet", "model.filters=[2,2,2,2,2]", "model.dense_units=4"),
+    "lfw_pairs": ("model.widths=[2,2]", "model.embedding_size=4", "model.head_units=4"),
+    "imagenet_det": ("model.filters=[2,2,2,2,2]", "model.dense_units=4"),
+}
+TOLERANCE = 1e-4
+
+
+def tiny_config(dataset, *overrides):
+    return compose(f"dataset={dataset}", "experiment=smoke", *TINY[dataset], *overrides)
+
+
+@pytest.fixture(scope="module")
+def odd_files(tmp_path_factory):
+    """Real NIH PNGs and LFW JPEGs, and files of every kind a decode must take: grayscale, CMYK and RGB JPEGs,
+    a PNG named .JPEG, RGBA and 16-bit PNGs."""
+    require_real_fixtures()
+    folder = tmp_path_factory.mktemp("odd")
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 256, (61, 83, 3), dtype=np.uint8))
+    made = {"gray.jpg": (rgb.convert("L"), "JPEG"), "cmyk.jpg": (rgb.convert("CMYK"), "JPEG"),
+            "rgb.jpeg": (rgb, "JPEG"), "png_named.JPEG": (rgb, "PNG"), "rgba.png": (rgb.convert("RGBA"), "PNG"),
+            "sixteen.png": (Image.fromarray(rng.integers(0, 65536, (40, 50), dtype=np.uint16)), "PNG")}
+    for name, (image, kind) in made.items():
+        image.save(folder / name, kind)
+    return ([folder / name for name in made] + sorted((REAL / "nih" / "images").glob("*.png"))[:2]
+            + sorted((REAL / "lfw").glob("*.jpg")))
+
+
+def tiny_trainer(cfg):
+    task = task_of(cfg)
+    return task, Trainer(cfg, task.SPEC, tf.distribute.get_strategy(), task.decode.size)
+
+
+def expected_probabilities(task, trainer, paths):
+    """What predict computes for these files: the dataset's `load`, the eval step's preprocessing and model call,
+    metrics.probabilities."""
+    label = [0.0] * task.SPEC.num_outputs if task.SPEC.task == "multilabel" else 0
+    if task.SPEC.paired:
+        records = [{"path_a": str(a), "path_b": str(b), "label": label} for a, b in zip(paths, paths[::-1])]
+    else:
+        records = [{"path": str(path), "label": label} for path in paths]
+    images = [task.load({key: tf.constant(value) for key, value in record.items()})[0] for record in records]
+    features = tuple(tf.stack(part) for part in zip(*images)) if task.SPEC.paired else tf.stack(images)
+    logits = trainer.model(trainer.preprocess(features, training=False), training=False)
+    return metrics.probabilities(task.SPEC.task, tf.cast(logits, tf.float32).numpy())
+
+
+def served_probabilities(serve, task, paths):
+    contents = [Path(path).read_bytes() for path in paths]
+    if task.SPEC.paired:
+        feed = {"image_bytes_a": tf.constant(contents, tf.string),
+                "image_bytes_b": tf.constant(contents[::-1], tf.string)}
+    else:
+        feed = {"image_bytes": tf.constant(contents, tf.string)}
+    return serve(**feed)[export.OUTPUT].numpy()
+
+
+@pytest.mark.parametrize("dataset", sorted(TINY))
+def test_the_signature_decodes_files_as_load_does_and_gives_the_probabilities(dataset, odd_files, tmp_path):
+    task, trainer = tiny_trainer(tiny_config(dataset))
+    target = tmp_path / "1"
+    export.write(export.Serving(task, trainer.preprocess, trainer.model), target)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["1"]  # the staging folder is gone
+    serve = tf.saved_model.load(str(target)).signatures[export.SIGNATURE]
+    inputs = serve.structured_input_signature[1]
+    names = ["image_bytes_a", "image_bytes_b"] if task.SPEC.paired else ["image_bytes"]
+    assert sorted(inputs) == names
+    assert all(spec.dtype == tf.string and spec.shape.as_list() == [None] for spec in inputs.values())
+    output = serve.structured_outputs[export.OUTPUT]
+    assert output.dtype == tf.float32 and output.shape.as_list() == [None, task.SPEC.num_outputs]
+    got = served_probabilities(serve, task, odd_files)
+    expected = expected_probabilities(task, trainer, odd_files)
+    assert got.shape == expected.shape == (len(odd_files), task.SPEC.num_outputs)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=TOLERANCE)
+    assert served_probabilities(serve, task, []).shape == (0, task.SPEC.num_outputs)  # an empty batch
+
+
+def test_an_export_is_written_once_and_a_killed_exports_staging_folder_removed(odd_files, tmp_path, caplog):
+    cfg = tiny_config("imagenet_det")
+    task, trainer = tiny_trainer(cfg)
+    estimator = SimpleNamespace(chief=True, checkpoint_dir=tmp_path / "checkpoints", model_dir=tmp_path, task=task,
+                                spec=task.SPEC, trainer=trainer, cfg=cfg)
+    with pytest.raises(ConfigError, match="mode=export needs a checkpoint in"):
+        export.export(estimator)
+    trainer.global_step.assign(3)
+    trainer.checkpoint().write(str(tmp_path / "checkpoints" / "ckpt-3"))
+    trainer.global_step.assign(0)
+    kernel = trainer.model.trainable_variables[0]
+    saved = kernel.numpy()
+    kernel.assign(tf.zeros_like(kernel))  # the export holds the checkpoint's weights, not these
+    leftover = tmp_path / "export" / ".3.staging-999999"
+    (leftover / "variables").mkdir(parents=True)
+    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.export"):
+        target = export.export(estimator)
+    assert target == tmp_path / "export" / "3" and (target / "saved_model.pb").is_file()
+    assert sorted(path.name for path in target.parent.iterdir()) == ["3"]
+    assert f"Removed {leftover}, left by an interrupted export" in caplog.text
+    np.testing.assert_array_equal(kernel.numpy(), saved)
+    serve = tf.saved_model.load(str(target)).signatures[export.SIGNATURE]
+    np.testing.assert_allclose(served_probabilities(serve, task, odd_files),
+                               expected_probabilities(task, trainer, odd_files), rtol=0, atol=TOLERANCE)
+    assert "signature serving_default takes image_bytes" in caplog.text
+    before = {path: path.stat().st_mtime_ns for path in target.rglob("*")}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.export"):
+        assert export.export(estimator) == target
+    assert f"{target} is there already: global step 3 was exported before; leaving it as it is" in caplog.text
+    assert {path: path.stat().st_mtime_ns for path in target.rglob("*")} == before
+    assert export.export(SimpleNamespace(**{**vars(estimator), "chief": False})) is None  # the chief alone writes
+
+
+# Run in a fresh interpreter with no tf_harness import: serves predictions.csv's files through the export.
+SERVE = """
+import csv, json, sys
+import numpy as np
+import tensorflow as tf
+
+export, predictions = sys.argv[1], sys.argv[2]
+serve = tf.saved_model.load(export).signatures["serving_default"]
+with open(predictions, newline="") as f:
+    rows = list(csv.DictReader(f))
+columns = {"image_bytes": "path", "image_bytes_a": "path_a", "image_bytes_b": "path_b"}
+inputs = sorted(serve.structured_input_signature[1])
+classes = [c for c in rows[0] if c not in columns.values() and c != "global_step" and not c.startswith("label")]
+expected = np.array([[float(row[c]) for c in classes] for row in rows])
+kept = ~np.isnan(expected).any(axis=1)  # a file predict could not decode has no probabilities
+feed = {}
+for name in inputs:
+    feed[name] = tf.constant([open(row[columns[name]], "rb").read() for row, keep in zip(rows, kept) if keep])
+got = serve(**feed)["probabilities"].numpy()
+print(json.dumps({"inputs": inputs, "outputs": sorted(serve.structured_outputs), "shape": list(got.shape),
+                  "classes": len(classes), "rows": int(kept.sum()),
+                  "max_abs_diff": float(np.abs(got - expected[kept]).max()),
+                  "harness_imported": any(name.startswith("tf_harness") for name in sys.modules)}))
+"""
+
+
+def _plain_env():
+    return {**{key: value for key, value in os.environ.items() if key != "PYTHONPATH"}, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def serve_in_fresh_process(target, predictions, cwd):
+    result = subprocess.run([sys.executable, "-c", SERVE, str(target), str(predictions)], cwd=cwd, capture_output=True,
+                            text=True, timeout=300, env=_plain_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def saved_model_cli(target):
+    cli = Path(sys.executable).with_name("saved_model_cli")
+    result = subprocess.run([str(cli), "show", "--dir", str(target), "--all"], capture_output=True, text=True,
+                            timeout=300, env=_plain_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset", sorted(TINY))
+def test_an_exported_run_serves_predictions_csv_from_a_fresh_process(dataset, tmp_path):
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    trained = run_cli(f"dataset={dataset}", "experiment=smoke", *TINY[dataset], "mode=train",
+                      f"hydra.run.dir={run_dir}")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    for mode in ("predict", "export"):
+        result = run_cli(f"hydra.run.dir={run_dir}", f"mode={mode}")
+        assert result.returncode == 0, result.stderr[-3000:]
+    target = run_dir / "export" / "4"
+    assert sorted(path.name for path in target.parent.iterdir()) == ["4"]
+    served = serve_in_fresh_process(target, run_dir / "predictions.csv", tmp_path)
+    names = ["image_bytes_a", "image_bytes_b"] if dataset == "lfw_pairs" else ["image_bytes"]
+    assert served["inputs"] == names and served["outputs"] == ["probabilities"]
+    assert not served["harness_imported"]
+    assert served["rows"] > 0 and served["shape"] == [served["rows"], served["classes"]]
+    print(f"{dataset}: max abs difference {served['max_abs_diff']:.3g} over {served['rows']} rows, "
+          f"{time.monotonic() - started:.0f} s")
+    assert served["max_abs_diff"] <= TOLERANCE
+    shown = saved_model_cli(target)
+    signature = shown.split("signature_def['serving_default']:", 1)[1]
+    for name in names:
+        assert f"inputs['{name}'] tensor_info:\n        dtype: DT_STRING\n        shape: (-1)" in signature
+    assert f"outputs['probabilities'] tensor_info:\n        dtype: DT_FLOAT\n        shape: (-1, {served['classes']})" \
+        in signature

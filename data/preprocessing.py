@@ -9,7 +9,6 @@ device at a quarter of float32's bytes.
 """
 import tensorflow as tf
 
-from tf_harness.data.errors import ConfigError
 
 BRIGHTNESS_DELTA = 0.1 * 255
 
@@ -19,9 +18,7 @@ class Preprocessing:
 
     def __init__(self, augment: bool, flip: bool, normalize: str, seed: int):
         """`augment`: random flips (with `flip`) and brightness in training; `normalize`: ``unit_range``
-        or ``per_image_standardization``; `seed`: the seed of every random draw."""
-        if normalize not in ("unit_range", "per_image_standardization"):
-            raise ConfigError(f"dataset.normalize={normalize} is not one of unit_range|per_image_standardization")
+        or ``per_image_standardization`` (experiments/schema.py allows only these); `seed`: the seed of every random draw."""
         self.augment, self.flip, self.normalize, self.seed = augment, flip, normalize, seed
 
     @classmethod

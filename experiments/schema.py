@@ -217,7 +217,7 @@ OPTION_KEYS = {
     "model.filters": integers(1, length=5),
     "model.dense_units": integer(1),
     "model.dropout": number(0, 1, high_open=True),
-    "model.merge": one_of("embedding", "pixel_difference"),
+    "model.merge": one_of(*BUILDERS.declared("siamese_cnn", "MERGES")["MERGES"]),  # models/siamese_cnn.py's
     "model.widths": integers(1),
     "model.embedding_size": integer(1),
     "model.head_units": integer(1),

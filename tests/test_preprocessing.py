@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.data.errors import ConfigError
 from tf_harness.data.preprocessing import Preprocessing
 from tests.conftest import PROJECT, compose
 
@@ -87,8 +86,3 @@ def test_replicas_draw_differently():
                           timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "replicas 2 differ True" in done.stdout
-
-
-def test_an_unknown_normalisation_is_a_config_error():
-    with pytest.raises(ConfigError, match="dataset.normalize"):
-        Preprocessing.from_config(compose("dataset=chest_xray", "dataset.normalize=zscore"))

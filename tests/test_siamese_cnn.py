@@ -1,9 +1,7 @@
 """The siamese CNN: two image inputs, one float32 logit, both merge modes."""
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 
-from tf_harness.data.errors import ConfigError
 from tf_harness.data.lfw_pairs import SPEC
 from tf_harness.models import BUILDERS
 from tests.conftest import compose
@@ -32,9 +30,3 @@ def test_embedding_tower_is_shared():
     kernels = [w for w in model.weights if "conv" in w.path and w.path.endswith("kernel")]
     # One set of conv kernels for both images: one per configured width, not two.
     assert len(kernels) == len(compose("dataset=lfw_pairs").model.widths)
-
-
-def test_unknown_merge_is_a_config_error():
-    model_cfg = OmegaConf.create({"name": "siamese_cnn", "merge": "concat"})
-    with pytest.raises(ConfigError, match="model.merge=concat"):
-        BUILDERS["siamese_cnn"](model_cfg, SPEC, (32, 32))

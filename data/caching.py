@@ -16,16 +16,32 @@ leaves them, and its lockfile makes the next run fail with "There appears to be 
 concurrent caching iterator running". The lockfile cannot tell a dead run from a
 live one, so this module holds an flock of its own for as long as the process
 uses a prefix: a prefix nobody holds has only stale leftovers.
+
+A disk cache's prefix is ``<split>-<key>``, the key a digest of everything that decides what it
+holds (`content_key`): the split's rows and labels in order, the dataset's options (LFW's
+eval_pairs and fold among them), the split seed, the decode settings, and where the records come
+from (the files, or which shards and how much of each). A re-entry that changes any of them
+(``mode=evaluate dataset.eval_pairs=pairs``) fills a cache of its own instead of reading another
+setting's, and the split's caches of other keys, which no live process holds, are removed.
+A memory cache lives and dies with its pipeline, so it never outlives its settings.
 """
 import fcntl
 import glob
+import hashlib
+import json
 import logging
 import os
+import re
 from pathlib import Path
 
+import numpy as np
+
 from tf_harness.data.errors import ConfigError
+from tf_harness.data.tables import path_columns
 
 log = logging.getLogger(__name__)
+# Bump when what a cache holds changes (the element structure, the decode), so older caches are not read.
+FORMAT = 1
 # Cache prefixes this process holds, with their open lock files; the OS drops the locks when it exits.
 _held = {}
 
@@ -79,13 +95,65 @@ def checkpointable(kind: str, task) -> bool:
     return not applies(kind, drawn=task.DRAWS_TRAINING_RECORDS)
 
 
-def cache(data, kind, model_dir, split):
-    """`data.cache()` in memory, or on disk under `<model_dir>/input_cache/<split>`."""
+def content_key(task, table, source, training) -> str:
+    """A digest of everything that decides what a cache of `table`'s records holds: the rows (paths and labels, in
+    order), the task's dataset, options, split seed and decode settings, whether it caches training elements,
+    and the source's `identity` where it has one (TFRecord shards: their sha256 and readable records)."""
+    decode = task.decode
+    settings = {"format": FORMAT, "dataset": task.SPEC.name, "channels": task.SPEC.channels,
+                "options": dict(task.options), "seed": task.seed, "training": bool(training),
+                "decode": [list(decode.size), decode.method, decode.crop_fraction],
+                "source": getattr(source, "identity", "files")}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    if table is not None:
+        for column in path_columns(table):
+            digest.update(f"\0{column}\0".encode() + "\n".join(table[column].astype(str)).encode())
+        if "label" in table.columns:
+            labels = np.asarray(table.label.tolist())
+            digest.update(f"\0label{labels.shape}{labels.dtype}\0".encode() + labels.tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _other_prefixes(directory: Path, split: str, own: str) -> set:
+    """The prefixes of `split`'s caches in `directory` other than `own`: keyed ones and the unkeyed `<split>`."""
+    pattern = re.compile(rf"({re.escape(split)}(?:-[0-9a-f]{{16}})?)[._]")
+    found = {match.group(1) for match in map(pattern.match, os.listdir(directory)) if match}
+    return {str(directory / name) for name in found} - {own}
+
+
+def _remove_unheld(prefix: str) -> bool:
+    """Removes the cache at `prefix` unless a live process holds it; True when removed."""
+    try:
+        lock = open(f"{prefix}.lock", "a")
+    except OSError:
+        return False
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        files = glob.glob(f"{glob.escape(prefix)}.*") + glob.glob(f"{glob.escape(prefix)}_[0-9]*")
+        for path in files:
+            if path != f"{prefix}.lock":
+                os.remove(path)
+        os.remove(f"{prefix}.lock")
+    return True
+
+
+def cache(data, kind, model_dir, split, content=None):
+    """`data.cache()` in memory, or on disk under `<model_dir>/input_cache/<split>-<key>`, removing the split's
+    caches of other keys. `content`: what decides the cache's content, (task, table, source, training) for
+    `content_key`, or the key itself; None: the cache is just `<split>`."""
     if kind == "memory":
         return data.cache()
     directory = Path(model_dir or ".") / "input_cache"
     directory.mkdir(parents=True, exist_ok=True)
-    prefix = str(directory / split)
+    key = content_key(*content) if isinstance(content, tuple) else content
+    prefix = str(directory / (split if key is None else f"{split}-{key}"))
     if _hold(prefix):  # the first use in this process: no live writer can own what is there
         clean_partial_cache(prefix)
+        for other in sorted(_other_prefixes(directory, split, prefix)):
+            if _remove_unheld(other):
+                log.info("Removed the input cache %s, made for other settings of the %s split than this run's",
+                         other, split)
     return data.cache(prefix)

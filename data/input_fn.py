@@ -210,7 +210,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
     data = _loaded(source, data, model_dir, training, cached, first_epoch, first_decodes, pipeline.service)
     if cached:
         # Cache decoded, resized images once; shuffle after (and augment in the step), so every pass differs.
-        data = caching.cache(data, pipeline.cache, Path(model_dir or "."), split)
+        data = caching.cache(data, pipeline.cache, Path(model_dir or "."), split, (task, table, source, training))
         if training:
             data = data.shuffle(pipeline.buffer(source.count, _element_bytes(data.element_spec)), pipeline.seed,
                                 reshuffle_each_iteration=True).repeat()

@@ -2,25 +2,44 @@
 
 A cache is read whole or not at all (a missing or damaged one is simply made again), and written
 through a temporary file renamed into place, so a killed write never leaves half a cache behind.
+
+A file's name is a digest of what decides its content. Written with a `key`, the file holds that key
+too, and is read back only for an equal key: a cache copied, renamed or named by a digest that two
+keys share never serves the other's content.
 """
+import logging
 import os
 import pickle
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+_KEYED = "tf-harness keyed cache"
 
-def read(path: Path, default=None):
-    """The object pickled at `path`, or `default` when there is none or it cannot be read."""
+
+def read(path: Path, default=None, key=None):
+    """The object pickled at `path` (with `key`, only where it was written with an equal key), or `default`
+    when there is none or it cannot be read."""
     try:
         with open(path, "rb") as f:
-            return pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError):
+            content = pickle.load(f)
+    except FileNotFoundError:
         return default
+    except Exception as error:  # noqa: BLE001; a damaged or foreign pickle fails in many ways: make it again
+        log.info("Ignoring the unreadable cache %s (%s: %s)", path, type(error).__name__, error)
+        return default
+    if key is None:
+        return content
+    if not (isinstance(content, tuple) and len(content) == 3 and content[0] == _KEYED and content[1] == key):
+        log.info("Ignoring the cache %s: it was written for other settings", path)
+        return default
+    return content[2]
 
 
-def write(path: Path, content) -> None:
-    """Pickles `content` to `path` atomically: beside it first, then renamed over it."""
+def write(path: Path, content, key=None) -> None:
+    """Pickles `content` (with `key`, for `read` to check) to `path` atomically: beside it first, then renamed
+    over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(temporary, "wb") as f:
-        pickle.dump(content, f, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.dump(content if key is None else (_KEYED, key, content), f, protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(temporary, path)

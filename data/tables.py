@@ -65,7 +65,8 @@ def check_skipped(tables, skipped, max_skipped_fraction) -> None:
     were skipped."""
     for name, table in tables.items():
         log.info("%s split: %d examples", name, len(table))
-    kept = sum(len(table) for table in tables.values())
+    # Records lost from damaged TFRecord shards are skipped, yet still rows of the tables (SkipLog.in_tables).
+    kept = sum(len(table) for table in tables.values()) - skipped.in_tables
     if len(skipped) > max_skipped_fraction * (kept + len(skipped)):
         raise DatasetError(f"{len(skipped)} of {kept + len(skipped)} examples were skipped ({skipped.summary()}), "
                            f"more than dataset.max_skipped_fraction={max_skipped_fraction}; fix the data or raise "

@@ -5,8 +5,10 @@ some 1,000 CPU-s for the whole set. A damaged file is nearly always a truncated
 one or not an image at all, and both show at its two ends: a PNG starts with its
 signature and IHDR and ends with IEND, a JPEG starts with SOI and ends with EOI,
 a GIF ends with its trailer byte. So a file is checked by reading its first and
-last bytes (`problem`), once: the verdicts are kept per file, keyed by size and
-mtime, and only new or changed files are read again (`check_files`).
+last bytes (`problem`), once: the verdicts are kept per file, keyed by its size,
+mtime and ctime (which no copy or editor can set back, so a file rewritten in place
+with its old size and mtime is read again), and only new or changed files are read
+again (`check_files`).
 
 A file that passes this check but does not decode, or one that was never
 checked (``pipeline.verify_images=false``), is left out by the pipeline when
@@ -34,8 +36,8 @@ BMP_SIGNATURE = b"BM"
 JPEG_TAIL = 64
 _PNG_COLOUR_TYPES = {0, 2, 3, 4, 6}
 _CHUNK = 500
-# Bump when `problem` changes, so every file is checked again.
-VERSION = 2
+# Bump when `problem` or the verdicts' key changes, so every file is checked again.
+VERSION = 3
 
 
 def _png_problem(head, tail):
@@ -72,31 +74,43 @@ def problem(path):
     return "not a PNG, JPEG, GIF or BMP file"
 
 
+def _top(paths) -> str:
+    """The folder that holds the sorted `paths`."""
+    return os.path.abspath(os.path.commonpath([paths[0], paths[-1]])) if paths else ""  # sorted: the ends share least
+
+
+def _records_key(paths) -> tuple:
+    """What decides a verdicts file's content besides the files themselves: the check's version, and the folder."""
+    return VERSION, _top(paths)
+
+
 def _records_file(paths):
     """The verdicts' file for the folder that holds the sorted `paths` (one per dataset root)."""
-    top = os.path.commonpath([paths[0], paths[-1]]) if paths else ""  # sorted: the two ends share the least
-    digest = hashlib.sha256(f"{VERSION}\0{os.path.abspath(top)}".encode()).hexdigest()[:20]
+    digest = hashlib.sha256(f"{VERSION}\0{_top(paths)}".encode()).hexdigest()[:20]
     return cache_home() / "verified" / f"files-{digest}.pkl"
 
 
+_KEY_FIELDS = 3  # size, mtime_ns, ctime_ns
+
+
 def _stats(paths):
-    """(size, mtime_ns) of each of `paths`, (-1, -1) where it cannot be read, as an int64 array."""
+    """(size, mtime_ns, ctime_ns) of each of `paths`, -1s where it cannot be read, as an int64 array."""
     def stat(path):
         try:
             stat = os.stat(path)
-            return stat.st_size, stat.st_mtime_ns
+            return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
         except OSError:
-            return -1, -1
+            return -1, -1, -1
 
     # In one thread: 112,120 stats take about 0.35 s, and 0.8 s spread over 8 (the GIL between short calls).
-    return np.array([stat(path) for path in paths], dtype=np.int64).reshape(-1, 2)
+    return np.array([stat(path) for path in paths], dtype=np.int64).reshape(-1, _KEY_FIELDS)
 
 
 def _known_keys(records, paths):
-    """The (size, mtime_ns) each of `paths` (other files than `records` holds) had when last checked;
-    (-2, -2) for one never checked."""
+    """The (size, mtime_ns, ctime_ns) each of `paths` (other files than `records` holds) had when last checked;
+    -2s for one never checked."""
     row = {path: number for number, path in enumerate(records["paths"])}
-    known = np.full((len(paths), 2), -2, dtype=np.int64)
+    known = np.full((len(paths), _KEY_FIELDS), -2, dtype=np.int64)
     found = [(number, row[path]) for number, path in enumerate(paths) if path in row]
     if found:
         now, then = np.array(found).T
@@ -107,7 +121,7 @@ def _known_keys(records, paths):
 def check_files(paths, workers=8):
     """Checks the image files among `paths` that are new or changed since they were last checked.
 
-    The verdicts are kept as the sorted paths, an array of their (size, mtime) keys and the problems
+    The verdicts are kept as the sorted paths, an array of their (size, mtime, ctime) keys and the problems
     found, so that a warm start of 112,120 files loads and compares them in a few array operations.
 
     Returns:
@@ -115,8 +129,8 @@ def check_files(paths, workers=8):
     """
     paths = sorted(set(paths))
     records_file = _records_file(paths)
-    records = pickle_cache.read(records_file, None) or {"paths": [], "keys": np.zeros((0, 2), np.int64),
-                                                        "problems": {}}
+    records = pickle_cache.read(records_file, None, key=_records_key(paths)) or {
+        "paths": [], "keys": np.zeros((0, _KEY_FIELDS), np.int64), "problems": {}}
     keys = _stats(paths)
     same_files = records["paths"] == paths  # the usual warm start: the keys compare in one go
     known = records["keys"] if same_files else _known_keys(records, paths)
@@ -135,5 +149,6 @@ def check_files(paths, workers=8):
                 if verdict is not None:
                     problems[path] = verdict
     if stale or not same_files:
-        pickle_cache.write(records_file, {"paths": paths, "keys": keys, "problems": problems})
+        pickle_cache.write(records_file, {"paths": paths, "keys": keys, "problems": problems},
+                           key=_records_key(paths))
     return problems, len(stale)

@@ -24,6 +24,7 @@ from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import Pipeline, input_fn
 from tf_harness.data.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
+from tf_harness.data.tfrecords.reader import check_shards
 from tf_harness.experiments import (checkpoints, export, interrupts, leftovers, metrics, review, run_directory,
                                     run_lock, strategies, xla_cache)
 from tf_harness.experiments.startup import StartupClock
@@ -91,11 +92,12 @@ def run(cfg):
     if cfg.pipeline.verify_images:
         tables = drop_undecodable(tables, skipped)
         clock.lap("verify")
-    check_skipped(tables, skipped, cfg.dataset.max_skipped_fraction)
+    check_shards(task, tables, pipeline.tfrecord, cfg.mode, skipped)  # records lost by damaged TFRecord shards
     # Under multi_worker only the chief writes the run directory's files; the others would clash.
     chief = strategies.is_chief(strategy)
     if chief:
         skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
+    check_skipped(tables, skipped, cfg.dataset.max_skipped_fraction)  # after: its error points at skipped.csv
 
     # Model, optimizer and global step.
     trainer = Trainer(cfg, spec, strategy, task.decode.size)

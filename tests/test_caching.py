@@ -1,5 +1,7 @@
 """pipeline.cache=disk against what TensorFlow really leaves behind when a run is killed mid-pass."""
 import glob
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,7 +15,7 @@ import tensorflow as tf
 
 from tf_harness.data import TASKS, caching
 from tf_harness.data.errors import ConfigError
-from tests.conftest import PROJECT, run_cli
+from tests.conftest import PROJECT, compose, run_cli, tables_of, task_of
 
 ELEMENTS = 3000
 
@@ -164,13 +166,74 @@ def test_a_killed_training_run_with_a_disk_cache_resumes(tmp_path):
         time.sleep(0.2)
     first.kill()
     first.wait()
-    assert glob.glob(str(run_dir / "input_cache" / "train_*.lockfile")), "the kill should leave TF's lockfile"
+    assert glob.glob(str(run_dir / "input_cache" / "train-*_*.lockfile")), "the kill should leave TF's lockfile"
 
     second = run_cli(*args, "trainer.train_steps=70")  # a pass is 62 batches: this one completes the cache
     assert second.returncode == 0, second.stderr[-3000:]
     assert "concurrent caching iterator" not in second.stderr
-    assert (run_dir / "input_cache" / "train.index").exists()
-    assert not glob.glob(str(run_dir / "input_cache" / "train_*"))
+    assert len(glob.glob(str(run_dir / "input_cache" / "train-*.index"))) == 1  # keyed by its content (content_key)
+    assert not glob.glob(str(run_dir / "input_cache" / "train-*_*"))
     names = [name for name, _ in tf.train.list_variables(str(run_dir / "checkpoints"))]
     assert not any(name.startswith("input_iterator") for name in names)
     assert "Removed a partial input cache" in (run_dir / "run.log").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache keys: everything that decides a cache's content names it
+
+
+def test_cache_keys_differ_for_every_setting_that_decides_what_a_cache_holds():
+    """LFW's eval_pairs and fold choose other validation pairs, so their caches must never be each other's; the
+    image size, the split seed, the records' source and the element structure (training or not) likewise."""
+    def key(*overrides, source=None, training=False, split="validation"):
+        cfg = compose("dataset=lfw_pairs", *overrides)
+        return caching.content_key(task_of(cfg), tables_of(cfg)[split], source, training)
+
+    keys = {overrides: key(*overrides) for overrides in [(), ("dataset.eval_pairs=pairs",),
+                                                         ("dataset.eval_pairs=pairs", "dataset.fold=0"),
+                                                         ("dataset.eval_pairs=pairs", "dataset.fold=1")]}
+    assert len(set(keys.values())) == len(keys), keys
+    assert key() == keys[()] and all(len(value) == 16 for value in keys.values())  # the same settings, the same key
+    shards = type("Shards", (), {"identity": {"encoding": "raw", "shards": [("ab12", 200)]}})()
+    cut = type("Shards", (), {"identity": {"encoding": "raw", "shards": [("ab12", 150)]}})()
+    others = [key("pipeline.image_size=32"), key("dataset.crop_fraction=0.8"), key("seed=7", split="train"),
+              key(training=True), key(source=shards), key(source=cut)]
+    assert len({keys[()], key(split="train"), *others}) == 2 + len(others)
+
+
+def test_a_cache_of_other_settings_is_removed_unless_a_live_process_holds_it(tmp_path, caplog):
+    child = _child(tmp_path, how="stop")  # holds the unkeyed `train` cache, stopped mid-pass
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        first = caching.cache(_source(), "disk", tmp_path, "train", "0123456789abcdef")
+        np.testing.assert_array_equal(_first_values(first), np.arange(ELEMENTS))
+        assert "train_0.lockfile" in _listing(tmp_path / "input_cache")  # the live run's files are untouched
+    finally:
+        child.kill()
+        child.wait()
+    with caplog.at_level(logging.INFO, logger="tf_harness.data.caching"):
+        again = caching.cache(_source(offset=10_000), "disk", tmp_path, "train", "fedcba9876543210")
+    np.testing.assert_array_equal(_first_values(again), np.arange(ELEMENTS) + 10_000)  # its own, not the other's
+    left = _listing(tmp_path / "input_cache")
+    assert not any(name.startswith(("train.", "train_")) for name in left), left  # the dead run's cache is gone
+    assert "train-0123456789abcdef.index" in left  # held by this process, which still uses it
+    assert "train-fedcba9876543210.index" in left
+    assert f"Removed the input cache {tmp_path / 'input_cache' / 'train'}, made for other settings" in caplog.text
+
+
+@pytest.mark.slow
+def test_an_lfw_run_trained_with_a_disk_cache_evaluates_and_predicts_view_2_pairs_on_re_entry(tmp_path):
+    """Trained against View 1 (dev_test) with pipeline.cache=disk, then re-entered with dataset.eval_pairs=pairs:
+    evaluation and prediction read View 2's 600 pairs, not the 200 cached ones, and report the ten-fold protocol."""
+    run_dir = tmp_path / "run"
+    trained = run_cli("dataset=lfw_pairs", "experiment=smoke", "trainer.eval_steps=null", "pipeline.cache=disk",
+                      "trainer.train_steps=2", f"hydra.run.dir={run_dir}")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["examples"] == 200
+    evaluated = run_cli(f"hydra.run.dir={run_dir}", "mode=evaluate", "dataset.eval_pairs=pairs")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["examples"] == 600 and {"ten_fold_accuracy_mean", "ten_fold_accuracy_std"} <= set(metrics)
+    predicted = run_cli(f"hydra.run.dir={run_dir}", "mode=predict", "dataset.eval_pairs=pairs")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    assert len((run_dir / "predictions.csv").read_text().splitlines()) == 1 + 600

@@ -139,6 +139,7 @@ def test_stale_sample_staging_folders_are_removed_live_and_foreign_ones_kept(tmp
     sample = tmp_path / "chest_xray-v2"
     for path in (dead, live, foreign, old_unowned, new_unowned, sample):
         (path / "data").mkdir(parents=True)
+    (dead / staging.LOCK).touch()  # a lock file nobody holds: its generator is gone (tests/test_samples.py)
     hour_ago = time.time() - 2 * staging.UNOWNED_AGE_S
     os.utime(old_unowned, (hour_ago, hour_ago))
     with caplog.at_level(logging.INFO, logger="tf_harness.data.samples.staging"):
@@ -153,6 +154,7 @@ def test_sample_generation_stages_under_its_pid_and_clears_dead_ones(tmp_path, m
     samples = tmp_path / "samples"
     stale = samples / f".toy.{dead_pid()}@{socket.gethostname()}.abcd1234"
     (stale / "data").mkdir(parents=True)
+    (stale / staging.LOCK).touch()  # a lock file nobody holds: its generator is gone
     seen = []
 
     def make_toy(root, seed):

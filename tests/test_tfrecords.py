@@ -1,8 +1,11 @@
 """TFRecord shards: the converter (`python -m tf_harness.data.tfrecords`), the reader, and an independent reader's view."""
+import csv
 import hashlib
 import importlib.util
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,10 +17,10 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from tf_harness.data import TASKS
-from tf_harness.data.errors import ConfigError
+from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.sources import TableRecords
 from tf_harness.data.tfrecords import layout, writer
-from tests.conftest import PROJECT, compose, convert_shards, make_input, read_shards, tables_of, task_of
+from tests.conftest import PROJECT, compose, convert_shards, make_input, read_shards, run_cli, tables_of, task_of
 
 SMALL = ("pipeline.image_size=32", "pipeline.batch_size=8")
 ENCODINGS = ("encoded", "raw")

@@ -307,3 +307,28 @@ def test_a_run_on_files_that_never_decode_stops_with_one_line(damaged_tree, tmp_
     assert len(lines) == 1, result.stderr[-3000:]
     assert "records in a row failed to read or decode in training" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_file_rewritten_in_place_with_its_old_size_and_mtime_is_checked_again(tmp_path, real):
+    """A verdict is keyed by the file's size, mtime and ctime: a copy or an editor may keep or set back the first
+    two, never the ctime."""
+    png = next((real / "nih" / "images").glob("*.png"))
+    path = tmp_path / "image.png"
+    shutil.copy(png, path)
+    assert check_files([str(path)]) == ({}, 1)
+    before = path.stat()
+    path.write_bytes(os.urandom(before.st_size))  # same size
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # and mtime
+    assert check_files([str(path)]) == ({str(path): "not a PNG, JPEG, GIF or BMP file"}, 1)
+
+
+def test_a_pickled_cache_is_read_only_for_its_own_key_and_never_fails_a_run(tmp_path):
+    from tf_harness.data import pickle_cache
+    path = tmp_path / "cache.pkl"
+    pickle_cache.write(path, {"verdicts": 1}, key=("v3", "/data/lfw"))
+    assert pickle_cache.read(path, "none", key=("v3", "/data/lfw")) == {"verdicts": 1}
+    assert pickle_cache.read(path, "none", key=("v3", "/data/nih")) == "none"  # another folder's, same file
+    path.write_bytes(b"cno_such_module\nThing\n.")  # a pickle of a class that is gone
+    assert pickle_cache.read(path, "none") == "none"
+    path.write_bytes(b"\x80\x04\x95\xff")  # cut short
+    assert pickle_cache.read(path, "none") == "none"

@@ -1,10 +1,14 @@
-"""Staging folders for sample generation, named after their owner so leftovers can be told apart.
+"""Staging folders for sample generation, owned by a lock their generator holds.
 
-A sample is generated into `.<name>.<pid>@<host>.XXXXXXXX` beside its final place,
-then renamed. A generation killed before the rename leaves that folder behind; the
-next start removes it once the pid in its name is no longer alive on this host.
-Folders of other hosts (a shared cache) are left alone: their pids cannot be checked.
+A sample is generated into `.<name>.<pid>@<host>.XXXXXXXX` beside its final place, then renamed. The
+folder holds a lock file, `.lock`, on which the generating process takes an flock as soon as the
+folder exists and keeps it for the generation's life; the OS drops it when the process ends, however
+it ends. So a staging folder whose lock can be taken is dead, whoever made it, and is removed; one
+whose lock is held is live and left alone, whatever host or PID namespace it is seen from (its pid and
+host in the name are only for people reading the folder). Folders without a lock file were made by an
+older release, or are being made this instant: they are removed only once an hour old.
 """
+import fcntl
 import logging
 import os
 import re
@@ -12,46 +16,74 @@ import shutil
 import socket
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+LOCK = ".lock"
 _OWNED = re.compile(r"^\.(?P<name>[^.]+)\.(?P<pid>\d+)@(?P<host>.+)\.[a-z0-9_]{8}$")
-# Before owners were named: `.<name>-XXXXXXXX`. Only old ones are removed, in case an
-# older checkout is generating one right now.
+# Before owners were named: `.<name>-XXXXXXXX`.
 _UNOWNED = re.compile(r"^\.[a-z_]+-[a-z0-9_]{8}$")
 UNOWNED_AGE_S = 3600
 
 
-def make(parent: Path, name: str) -> Path:
-    """A new staging folder under `parent` for the sample `name`, owned by this process."""
-    return Path(tempfile.mkdtemp(prefix=f".{name}.{os.getpid()}@{socket.gethostname()}.", dir=parent))
-
-
-def alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host."""
+def _try_lock(path: Path):
+    """The open lock file of the staging folder `path`, flocked by this process; None when another process holds
+    it. Raises FileNotFoundError when the folder has no lock file."""
+    lock = open(path / LOCK, "r+")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
+
+
+@contextmanager
+def folder(parent: Path, name: str):
+    """A new staging folder under `parent` for the sample `name`, locked by this process while the block runs,
+    and removed after it."""
+    path = Path(tempfile.mkdtemp(prefix=f".{name}.{os.getpid()}@{socket.gethostname()}.", dir=parent))
+    lock = None
+    try:
+        # Locked under another name, then renamed: whoever finds a `.lock` finds it held.
+        lock = open(path / f"{LOCK}.new", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(path / f"{LOCK}.new", path / LOCK)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        if lock is not None:
+            lock.close()
+
+
+def _dead(path: Path):
+    """(whether the staging folder `path` is dead, its lock when this process took it)."""
+    try:
+        lock = _try_lock(path)
+    except FileNotFoundError:  # no lock file: an older release's folder, or one made this instant
+        return time.time() - path.lstat().st_mtime > UNOWNED_AGE_S, None
+    except OSError:
+        return False, None
+    return lock is not None, lock
 
 
 def remove_stale(parent: Path) -> list:
-    """Removes staging folders under `parent` whose generator is dead, logging each; returns them."""
+    """Removes the staging folders under `parent` that no live generation holds, logging each; returns them."""
     if not parent.is_dir():
         return []
-    host, removed = socket.gethostname(), []
+    removed = []
     for path in sorted(parent.iterdir()):
-        owned = _OWNED.match(path.name)
-        if owned:
-            stale = owned["host"] == host and not alive(int(owned["pid"]))
-        else:
-            stale = bool(_UNOWNED.match(path.name)) and time.time() - path.lstat().st_mtime > UNOWNED_AGE_S
-        if stale and path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-            log.info("Removed %s, a sample staging folder left by a killed generation", path)
-            removed.append(path)
+        if not (_OWNED.match(path.name) or _UNOWNED.match(path.name)) or not path.is_dir():
+            continue
+        dead, lock = _dead(path)
+        try:
+            if dead:
+                shutil.rmtree(path, ignore_errors=True)
+                log.info("Removed %s, a sample staging folder that no live generation holds", path)
+                removed.append(path)
+        finally:
+            if lock is not None:
+                lock.close()
     return removed

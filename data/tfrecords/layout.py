@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tf_harness.data import pickle_cache
+from tf_harness.data.samples import cache_home
 from tf_harness.data.tables import path_columns
 
 MANIFEST = "manifest.json"
@@ -109,12 +111,51 @@ def fingerprint(table) -> str:
     return digest.hexdigest()
 
 
-def sha256(path) -> str:
+def sha256(path, limit=None) -> str:
+    """The sha256 of the file at `path`, or of its first `limit` bytes."""
     digest = hashlib.sha256()
+    left = float("inf") if limit is None else limit
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        while left > 0:
+            block = f.read(int(min(1 << 20, left)))
+            if not block:
+                break
             digest.update(block)
+            left -= len(block)
     return digest.hexdigest()
+
+
+# Shard verdicts ---------------------------------------------------------------------------------------
+# Whether a shard still holds what manifest.json records of it, remembered per shard file so that its
+# sha256 is read once per version of the file (the converter records the shards it writes or checks).
+# A verdict is (readable records, what is wrong or None) and holds while the file's `shard_state` is equal.
+VERDICTS_VERSION = 1
+
+
+def shard_state(path, shard) -> tuple:
+    """What a verdict on the shard file at `path` holds for: the file as it is now (size, mtime, ctime, which
+    no copy or editor sets back, and inode) and what the manifest records of it (`shard`). Raises OSError."""
+    stat = os.stat(path)
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, shard["bytes"], shard["sha256"],
+            shard["count"])
+
+
+def _verdicts_key(directory: Path) -> tuple:
+    return VERDICTS_VERSION, str(Path(directory).resolve())
+
+
+def _verdicts_file(directory: Path) -> Path:
+    digest = hashlib.sha256(repr(_verdicts_key(directory)).encode()).hexdigest()[:20]
+    return cache_home() / "verified" / f"shards-{digest}.pkl"
+
+
+def read_verdicts(directory: Path) -> dict:
+    """{shard file name: (shard_state, verdict)} of the shards in `directory`."""
+    return pickle_cache.read(_verdicts_file(directory), {}, key=_verdicts_key(directory))
+
+
+def write_verdicts(directory: Path, verdicts: dict) -> None:
+    pickle_cache.write(_verdicts_file(directory), verdicts, key=_verdicts_key(directory))
 
 
 def write_json(path: Path, content) -> None:

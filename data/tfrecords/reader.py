@@ -1,16 +1,33 @@
-"""TFRecord shards as a record source (``pipeline.source=tfrecord``), checked against the run's config."""
+"""TFRecord shards as a record source (``pipeline.source=tfrecord``), checked against the run's config.
+
+Before any pipeline reads a split, its shards are checked against manifest.json: each file's size on every
+start, and its sha256 once per version of the file (`shard_verdicts`; the converter records the shards it
+wrote). A damaged shard (cut short, or changed where it should not be) is read only as far as its records
+are whole; the records it lost are listed in skipped.csv (`check_shards`) and count against
+dataset.max_skipped_fraction. Training leaves them out; evaluation keeps their rows, with weight 0, so
+table order holds. No read ever reaches the damage, so no DataLossError ends or silently shortens a pass.
+"""
 import json
+import logging
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import tensorflow as tf
 
-from tf_harness.data.errors import ConfigError
+from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.tfrecords.layout import (MANIFEST, TFRecordSettings, convert_command, fingerprint, image_prefix,
-                                   label_key, preprocessing)
+                                   label_key, preprocessing, read_verdicts, sha256, shard_state, write_verdicts)
 
+log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
 # Raw records per tf.io.parse_example call: one op per batch instead of one per record.
 PARSE_BATCH = 256
+# Records counted per step when a damaged shard's whole records are counted.
+_COUNT_BATCH = 1024
+# Damaged shards this process has logged, by (path, shard_state): each is logged once.
+_logged = set()
 
 
 def _size_text(size) -> str:
@@ -47,6 +64,136 @@ def load_manifest(task, settings: TFRecordSettings) -> dict:
     return manifest
 
 
+def _count_readable(path, limit) -> int:
+    """How many of the first `limit` records of the TFRecord file at `path` read whole (length and CRCs), up to
+    the first that does not."""
+    count = 0
+    try:
+        for size in tf.data.TFRecordDataset(path).take(limit).batch(_COUNT_BATCH).map(tf.size):
+            count += int(size)
+    except tf.errors.OpError:  # within the batch that failed, count one by one
+        try:
+            for _ in tf.data.TFRecordDataset(path).skip(count).take(min(_COUNT_BATCH, limit - count)):
+                count += 1
+        except tf.errors.OpError:
+            pass
+    return count
+
+
+def _verdict(path, shard) -> tuple:
+    """(readable records, what is wrong or None) of the shard file at `path`, checked against its manifest
+    entry `shard`: whole when its size and sha256 are the recorded ones."""
+    size, recorded, count = os.path.getsize(path), shard["bytes"], shard["count"]
+    if size == recorded and sha256(path) == shard["sha256"]:
+        return count, None
+    if size > recorded and sha256(path, recorded) == shard["sha256"]:
+        return count, f"{size - recorded} bytes after its recorded end"  # whole; read no further than its records
+    if size < recorded:
+        why = f"cut short: {size} of {recorded} bytes"
+    else:
+        why = "its sha256 differs from the manifest's" + (f" and it is {size} bytes, not {recorded}"
+                                                           if size != recorded else "")
+    readable = _count_readable(str(path), count)
+    if size >= recorded and readable == count:
+        return 0, why + "; its records are not the ones converted"  # every record whole, yet other content
+    return readable, why  # the records before the damage are whole: their CRCs hold
+
+
+def shard_verdicts(directory, shards, command=None) -> list:
+    """(readable records, what is wrong or None) per shard of a manifest entry's `shards`, in order.
+
+    A shard whose size or sha256 differs from the manifest's is damaged: it is readable only up to its first
+    record that does not read whole. Verdicts are remembered per shard file (tf_harness.data.tfrecords.layout),
+    so a sha256 is read once per version of a file; each damaged shard is logged once per process.
+    """
+    directory = Path(directory)
+    stored = read_verdicts(directory)
+    states = [shard_state(directory / shard["file"], shard) for shard in shards]
+    pending = [i for i, (shard, state) in enumerate(zip(shards, states))
+               if stored.get(shard["file"], (None,))[0] != state]
+    if pending:
+        start = time.monotonic()
+        # hashlib and TensorFlow's reads release the GIL: shards are checked side by side.
+        with ThreadPoolExecutor(min(len(pending), max(os.cpu_count() or 1, 2), 8)) as pool:
+            found = list(pool.map(lambda i: _verdict(directory / shards[i]["file"], shards[i]), pending))
+        for i, verdict in zip(pending, found):
+            stored[shards[i]["file"]] = states[i], verdict
+        write_verdicts(directory, stored)
+        log.info("Checked %d TFRecord shard(s) in %s against %s (sizes and sha256 of %.1f MB) in %.1f s; "
+                 "remembered until a file changes", len(pending), directory, MANIFEST,
+                 sum(states[i][0] for i in pending) / 1e6, time.monotonic() - start)
+    verdicts = [stored[shard["file"]][1] for shard in shards]
+    for shard, state, (readable, why) in zip(shards, states, verdicts):
+        path = directory / shard["file"]
+        if why is None or (str(path), state) in _logged:
+            continue
+        _logged.add((str(path), state))
+        lost = shard["count"] - readable
+        rewrite = f"; `{command}` rewrites it" if command else ""
+        if lost:
+            log.warning("TFRecord shard %s is damaged (%s): %d of its %d records are unreadable and left out "
+                        "(skipped.csv)%s", path, why, lost, shard["count"], rewrite)
+        else:
+            log.warning("TFRecord shard %s has %s; its %d records are read, and nothing after them%s", path, why,
+                        shard["count"], rewrite)
+    return verdicts
+
+
+def _split_entry(task, table, split, settings: TFRecordSettings) -> tuple:
+    """The manifest and its entry for `split`, checked: the shards must exist, be complete, and hold exactly
+    `table`'s rows (unless None).
+
+    Raises:
+        ConfigError: the shards are missing, incomplete, stale or made for another config.
+    """
+    manifest = load_manifest(task, settings)
+    directory, command = settings.directory, convert_command(task, settings)
+    entry = manifest["splits"].get(split)
+    if entry is None:
+        raise ConfigError(f"the shards in tfrecord.dir={directory} have no {split} split "
+                          f"(they have {', '.join(manifest['splits'])}); run `{command}`")
+    if table is not None and (entry["fingerprint"] != fingerprint(table) or entry["count"] != len(table)):
+        raise ConfigError(f"the {split} shards in tfrecord.dir={directory} ({entry['count']} examples) do not "
+                          f"match the dataset's {split} split ({len(table)} examples); run `{command}`")
+    if entry["label_shape"] is None:
+        raise ConfigError(f"the {split} split has no labels to read from tfrecord.dir={directory}")
+    missing = [str(directory / shard["file"]) for shard in entry["shards"]
+               if not os.path.exists(directory / shard["file"])]
+    if missing:
+        raise ConfigError(f"{len(missing)} shard(s) listed in {directory / MANIFEST} are missing, e.g. "
+                          f"{missing[0]}; run `{command}`")
+    return manifest, entry
+
+
+def splits_read(mode, tables) -> list:
+    """The splits whose pipelines a run of `mode` builds (experiments/runner.py): the validation split always,
+    and the train split to train, the test split (where there is one) to predict."""
+    if mode == "predict":
+        return ["validation"] + (["test"] if "test" in tables else [])
+    return ["validation"] if mode == "evaluate" else ["train", "validation"]
+
+
+def check_shards(task, tables, settings, mode, skipped) -> None:
+    """Lists in `skipped` the records lost by damaged shards of the splits a run of `mode` reads, before any
+    pipeline reads them: a row per shard (``shard damaged: 240 of 250 records unreadable``) that counts as that
+    many examples, of rows still in `tables`, so that dataset.max_skipped_fraction weighs them
+    (tf_harness.data.skipped.SkipLog). Nothing without `settings` (pipeline.source=files); splits that a run
+    does not read from shards (LFW's drawn training pairs) are passed over."""
+    if settings is None:
+        return
+    for split in splits_read(mode, tables):
+        if split not in tables or (split == "train" and task.DRAWS_TRAINING_RECORDS):
+            continue
+        _, entry = _split_entry(task, tables[split], split, settings)
+        verdicts = shard_verdicts(settings.directory, entry["shards"], convert_command(task, settings))
+        for shard, (readable, _) in zip(entry["shards"], verdicts):
+            lost = shard["count"] - readable
+            if lost:
+                skipped.add(settings.directory / shard["file"],
+                            f"shard damaged: {lost} of {shard['count']} records unreadable", count=lost,
+                            in_tables=True)
+
+
 class TFRecordRecords:
     """A split's TFRecord shards: serialized examples (``encoded``) or parsed pixels (``raw``).
 
@@ -63,26 +210,22 @@ class TFRecordRecords:
             ConfigError: the shards are missing, incomplete, stale or made for another config.
         """
         self.task, self.split, self.training, self.settings = task, split, training, settings
-        manifest = load_manifest(task, settings)
+        manifest, entry = _split_entry(task, table, split, settings)
         directory, command = settings.directory, convert_command(task, settings)
-        entry = manifest["splits"].get(split)
-        if entry is None:
-            raise ConfigError(f"the shards in tfrecord.dir={directory} have no {split} split "
-                              f"(they have {', '.join(manifest['splits'])}); run `{command}`")
-        if table is not None and (entry["fingerprint"] != fingerprint(table) or entry["count"] != len(table)):
-            raise ConfigError(f"the {split} shards in tfrecord.dir={directory} ({entry['count']} examples) do not "
-                              f"match the dataset's {split} split ({len(table)} examples); run `{command}`")
-        if entry["label_shape"] is None:
-            raise ConfigError(f"the {split} split has no labels to read from tfrecord.dir={directory}")
         self.files = [str(directory / shard["file"]) for shard in entry["shards"]]
-        missing = [path for path in self.files if not os.path.exists(path)]
-        if missing:
-            raise ConfigError(f"{len(missing)} shard(s) listed in {directory / MANIFEST} are missing, e.g. "
-                              f"{missing[0]}; run `{command}`")
         self.raw, self.entry = manifest["encoding"] == "raw", entry
-        self.count = entry["count"]
+        verdicts = shard_verdicts(directory, entry["shards"], command)
+        # Records each shard can give; a damaged one is read no further (`records`).
+        self.readable = [readable for readable, _ in verdicts]
+        self.damaged = any(why is not None for _, why in verdicts)
+        self.count = sum(self.readable)
+        self.identity = {"encoding": manifest["encoding"], "shards": [(shard["sha256"], readable) for shard, readable
+                                                                      in zip(entry["shards"], self.readable)]}
+        if training and self.count == 0:
+            raise DatasetError(f"no record of the {split} shards in tfrecord.dir={directory} can be read (listed in "
+                               f"skipped.csv); run `{command}`")
         # Records hold image bytes, not paths: a shuffle buffer of them is bounded in MB.
-        self.record_bytes = sum(shard["bytes"] for shard in entry["shards"]) / max(self.count, 1)
+        self.record_bytes = sum(shard["bytes"] for shard in entry["shards"]) / max(entry["count"], 1)
         self.prefixes = [image_prefix(column) for column in entry["path_columns"]]
         self.label_key = label_key(len(self.prefixes) > 1)
         self.parse_spec = {f"{prefix}/encoded": tf.io.FixedLenFeature([], tf.string) for prefix in self.prefixes}
@@ -99,7 +242,14 @@ class TFRecordRecords:
         return (tuple(pixels) if len(pixels) > 1 else pixels[0]), tf.cast(label, self.target[1].dtype)
 
     def records(self, seed, context=None) -> tf.data.Dataset:
-        data = tf.data.Dataset.from_tensor_slices(self.files)
+        if not self.training and self.damaged:
+            return self._with_blanks()
+        read = tf.data.TFRecordDataset
+        if self.damaged:  # each shard no further than its whole records
+            data = tf.data.Dataset.from_tensor_slices((self.files, tf.constant(self.readable, tf.int64)))
+            read = lambda path, readable: tf.data.TFRecordDataset(path).take(readable)  # noqa: E731
+        else:
+            data = tf.data.Dataset.from_tensor_slices(self.files)
         if self.training:
             workers = context.num_input_pipelines if context is not None else 1
             if workers > 1:
@@ -111,7 +261,7 @@ class TFRecordRecords:
                 data = data.shard(workers, context.input_pipeline_id)
             data = data.shuffle(len(self.files), seed, reshuffle_each_iteration=True)
             cycle_length = min(len(self.files), self.settings.cycle_length)
-            data = data.interleave(tf.data.TFRecordDataset, cycle_length=cycle_length, num_parallel_calls=AUTOTUNE)
+            data = data.interleave(read, cycle_length=cycle_length, num_parallel_calls=AUTOTUNE)
         else:
             # One file after another, so evaluation sees records in table order.
             data = tf.data.TFRecordDataset(data)
@@ -121,12 +271,31 @@ class TFRecordRecords:
             data = data.batch(PARSE_BATCH).map(self._parse_raw, num_parallel_calls=AUTOTUNE).unbatch()
         return data
 
+    def _with_blanks(self) -> tf.data.Dataset:
+        """Evaluation's records when shards are damaged: each shard's whole records, then a blank of weight 0 for
+        each record it lost, so table order holds and the lost rows count for nothing."""
+        lost = [shard["count"] - readable for shard, readable in zip(self.entry["shards"], self.readable)]
+        shards = tf.data.Dataset.from_tensor_slices((self.files, tf.constant(self.readable, tf.int64),
+                                                     tf.constant(lost, tf.int64)))
+        if not self.raw:
+            # An empty record fails its parse, which unreadable.guard turns into a blank of weight 0.
+            return shards.flat_map(lambda path, readable, lost: tf.data.TFRecordDataset(path).take(readable)
+                                   .concatenate(tf.data.Dataset.from_tensors(tf.constant(b"")).repeat(lost)))
+        features, label = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), self.target)
+        blank = tf.data.Dataset.from_tensors((features, label, tf.constant(0.0)))
+
+        def shard(path, readable, lost):
+            whole = tf.data.TFRecordDataset(path).take(readable).batch(PARSE_BATCH).map(self._parse_raw).unbatch()
+            return whole.map(lambda pixels, label: (pixels, label, tf.constant(1.0))).concatenate(blank.repeat(lost))
+
+        return shards.flat_map(shard)
+
     def epoch_length(self, context=None) -> int:
-        """How many records one epoch of `records` holds: those of this worker's shards."""
-        shards = self.entry["shards"]
+        """How many records one epoch of `records` holds: the readable records of this worker's shards."""
+        readable = self.readable
         if self.training and context is not None and context.num_input_pipelines > 1:
-            shards = shards[context.input_pipeline_id::context.num_input_pipelines]  # as `records` shards them
-        return sum(shard["count"] for shard in shards)
+            readable = readable[context.input_pipeline_id::context.num_input_pipelines]  # as `records` shards them
+        return sum(readable)
 
     def _parse_raw(self, serialized):
         parsed = tf.io.parse_example(serialized, self.parse_spec)
@@ -147,6 +316,7 @@ class TFRecordRecords:
 
     def paths(self, *record):
         """The image files an encoded record was made from, which a failed decode names (data/unreadable.py)."""
-        parsed = tf.io.parse_single_example(record[0], {f"{prefix}/filename": tf.io.FixedLenFeature([], tf.string)
+        # An evaluation's blank for a lost record (`_with_blanks`) names no file.
+        parsed = tf.io.parse_single_example(record[0], {f"{prefix}/filename": tf.io.FixedLenFeature([], tf.string, "")
                                                         for prefix in self.prefixes})
         return [parsed[f"{prefix}/filename"] for prefix in self.prefixes]

@@ -23,8 +23,8 @@ from tf_harness.data.skipped import SkipLog
 from tf_harness.data.sources import TableRecords
 from tf_harness.data.tables import load_tables, path_columns
 from tf_harness.data.tfrecords.layout import (FORMAT_VERSION, MANIFEST, SHARD_NAME, TFRecordSettings, feature_spec, fingerprint,
-                                   image_prefix, label_key, label_shape_of, preprocessing, sha256, shard_name,
-                                   write_json)
+                                   image_prefix, label_key, label_shape_of, preprocessing, read_verdicts, sha256,
+                                   shard_name, shard_state, write_json, write_verdicts)
 
 log = logging.getLogger("tf_harness.data.tfrecords")
 _MB = 1_000_000
@@ -201,6 +201,16 @@ def _reuse_complete_shards(directory: Path, manifest: dict, jobs: list) -> list:
     return pending
 
 
+def _remember_whole(directory: Path, manifest: dict) -> None:
+    """Records every shard of `manifest` as whole, as hashed when written or reused, so that a reader checks its
+    sha256 again only once the file changes (tf_harness.data.tfrecords.reader.readable_records)."""
+    verdicts = read_verdicts(directory)
+    for entry in manifest["splits"].values():
+        for shard in entry["shards"]:
+            verdicts[shard["file"]] = (shard_state(directory / shard["file"], shard), (shard["count"], None))
+    write_verdicts(directory, verdicts)
+
+
 def convert(task, settings: TFRecordSettings, seed, verify_images, max_skipped_fraction, workers=1) -> dict:
     """Writes the shards and manifest of every split of `task`'s dataset; returns the manifest.
 
@@ -239,6 +249,7 @@ def convert(task, settings: TFRecordSettings, seed, verify_images, max_skipped_f
         entry["count"] = sum(shard["count"] for shard in entry["shards"])
     manifest["complete"] = True
     write_json(directory / MANIFEST, manifest)
+    _remember_whole(directory, manifest)
     skipped.write(directory / "skipped.csv")
     for split, entry in manifest["splits"].items():
         log.info("%s: %d examples in %d shards", split, entry["count"], len(entry["shards"]))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 # Every benchmark, in the order listed. Each is benchmarks/NAME.py with a `main(argv)`; the first line of its
 # docstring is its description.
-BENCHMARKS = ("steps", "input", "service", "real_size", "faults")
+BENCHMARKS = ("steps", "input", "compile_cache", "service", "real_size", "faults")
 
 
 def description(name):

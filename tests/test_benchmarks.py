@@ -227,6 +227,15 @@ def test_faults_makes_its_reference_run(capsys, tmp_path):
 # The other modes, on tiny settings but with several traces or processes each
 
 
+@pytest.mark.slow  # two whole runs, three when the samples are not generated yet
+def test_compile_cache_runs_a_cold_and_a_warm_run_and_compares_their_first_loops(capsys):
+    out = run_benchmark(capsys, "compile_cache", "--rounds", "1")
+    match = re.search(r"round 1: cold first step [\d.]+ s \(first loop ([\d.]+) s, [\d.]+ CPU-s, cache held 0\), "
+                      r"warm [\d.]+ s \(first loop ([\d.]+) s, [\d.]+ CPU-s, cache held (\d+)\)", out)
+    assert match and int(match.group(3)) >= 1, out  # the warm run found the cold run's program
+    assert re.search(r"first loop, warm ÷ cold +\d+\.\d\d +\(.*over 1 rounds\) +target ≤ 0\.5 +(PASS|MISS)", out), out
+
+
 @pytest.mark.slow
 def test_steps_host_loss_prints_every_ceiling_and_each_loop(capsys):
     out = run_benchmark(capsys, "steps", "host-loss", *TINY_LFW, "--loops", "1,2", "--jit", "false,true", "--steps",

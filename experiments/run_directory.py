@@ -227,9 +227,16 @@ def existing_ancestor(args):
     if not run_dirs:
         return None
     path = Path(run_dirs[-1].strip("'\"")).absolute()
-    while not path.exists() and path != path.parent:
+    while not _exists(path) and path != path.parent:
         path = path.parent
     return path
+
+
+def _exists(path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long, say: it cannot exist; Hydra reports the error as it makes the folder
+        return False
 
 
 def discard_failed_start(run_dir, existing) -> bool:

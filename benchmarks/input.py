@@ -18,9 +18,11 @@ throughput (the default): every input source side by side, for each dataset pres
              beside idle ones often runs faster than when all are busy)
     a        a Python loop decoding and resizing with PIL, one tf.constant per batch (the feed_dict way)
     b        the PyTorch DataLoader, num_workers = cores, the same PIL decode and resize (torch installed)
-    c        our file pipeline: input_fn(training=True), pipeline.source=files (uint8 batches)
+    c        our file pipeline: input_fn(training=True), pipeline.source=files (uint8 batches); LFW's
+             drawn pairs with pipeline.image_table_mb=0, so that they decode their files
     d, e     pipeline.source=tfrecord with tfrecord.encoding=encoded / raw (converted into a temp dir)
-    f        pipeline.cache=memory, after the pass that fills the cache
+    f        pipeline.cache=memory, after the pass that fills the cache; LFW: pairs gathered from the image
+             table of its training images decoded once (data/image_table.py), its default
     g        the dataset's tutorial-style baseline, where it has one
     h        ImageNet DET only: g with its decode moved to a second map, which TF 2.21 parallelises
     a, b, g and h do c's work per image (decode, the same crop and resize, uint8 out); the ceiling only

@@ -6,6 +6,8 @@
     python -m benchmarks steps overhead [--datasets lfw_pairs,imagenet_det] [--per-call 50] [--jit null]
     python -m benchmarks steps per-loop [--datasets lfw_pairs,imagenet_det] [--loops 1,50]
                                         [--steps lfw_pairs=100,imagenet_det=50] [--rounds lfw_pairs=3,imagenet_det=1]
+    python -m benchmarks steps variants [--datasets lfw_pairs] [--variant files:pipeline.image_table_mb=0]
+                                        [--variant table:] [--loops 1] [--steps 200] [--rounds 5]
     every mode also: [--override pipeline.cache=memory ...] (a Hydra override for every row, repeatable)
 
 Modes, each a set of rows timed after its trace and warm-up (start-up and tracing left out):
@@ -30,6 +32,10 @@ overhead: where that gap opens: a while loop written here around the yardstick a
     --loops), the step under XLA where the trainer's is.
 per-loop: steps/s of `Trainer.train_loop` at each of --loops (trainer.steps_per_loop) over the run's
     pipeline, against the first, and the milliseconds per step the longest saves: the host's per-call cost.
+variants: the trainer's loop (at the first of --loops) under several configs side by side, each row a Trainer
+    and pipeline of its own: `--variant NAME:OVERRIDES` (space-separated Hydra overrides on top of --override;
+    none: the config as it is), the first the base. By default LFW's pairs decoded from their files
+    (pipeline.image_table_mb=0) against its default, pairs gathered from the image table (data/image_table.py).
 
 Rows run in paired rounds, the order rotated every round, so drift and other processes' load fall on every
 row alike. Reported per row (medians over rounds): steps/s, images/s (an LFW example is two images), images
@@ -60,7 +66,10 @@ DEFAULTS = {"cost": ("chest_xray", "10", "3", "1,10"), "first-calls": ("chest_xr
             "host-loss": ("lfw_pairs,imagenet_det", "200", "3", "1,10,50"),
             "overhead": ("lfw_pairs,imagenet_det", "200", "3", "50"),
             "per-loop": ("lfw_pairs,imagenet_det", "lfw_pairs=100,imagenet_det=50", "lfw_pairs=3,imagenet_det=1",
-                         "1,50")}
+                         "1,50"),
+            "variants": ("lfw_pairs", "200", "5", "1")}
+# The variants mode's rows unless --variant names others: LFW's file pipeline, then its image table.
+VARIANTS = ("files:pipeline.image_table_mb=0", "table:")
 CACHED_BATCHES = 4
 
 
@@ -225,7 +234,25 @@ def per_loop(dataset, args, jits):
                 (f"steps/s ÷ {base} (min–max)", speed_up), saved)
 
 
-MODES = {"cost": cost, "first-calls": None, "host-loss": host_loss, "overhead": overhead, "per-loop": per_loop}
+def variants(dataset, args, jits):
+    rows, plans = {}, []
+    per_call = args.loops[0]
+    for name, overrides in args.variant:
+        cfg, info = setup(dataset, [*args.override, *overrides], jits[0])
+        trainer = make_trainer(cfg, info)
+        rows[name] = loop_row(trainer, pipeline_iterator(cfg, info), per_call)
+        plans.append((cfg, info, f"{name}: {' '.join(overrides) or 'the config as it is'}"))
+    base = next(iter(rows))
+
+    def speed_up(name, results, steps):
+        return spread(timing_ratios(results[base], results[name]), 3)
+    return Plan(rows, plans[0][0], plans[0][1], named(base), f"loop {per_call}, step jit_compile="
+                f"{trainer.jit_compile}; rows {'; '.join(note for *_, note in plans)}",
+                (f"steps/s ÷ {base} (min–max)", speed_up))
+
+
+MODES = {"cost": cost, "first-calls": None, "host-loss": host_loss, "overhead": overhead, "per-loop": per_loop,
+         "variants": variants}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,6 +361,9 @@ def parser(mode):
     parse.add_argument("--jit", default="", help="trainer.jit_compile values, comma-separated (true, false, null); "
                                                  "default: the config's")
     parse.add_argument("--override", action="append", default=[], help="a Hydra override for every row, repeatable")
+    parse.add_argument("--variant", action="append", default=[],
+                       help="variants: a row NAME:OVERRIDES (space-separated Hydra overrides), repeatable "
+                            f"(default: {' '.join(repr(variant) for variant in VARIANTS)})")
     parse.add_argument("--first-calls", type=int, help="cost: rounds of start-up timing instead (= first-calls mode)")
     parse.add_argument("--first-of", help=argparse.SUPPRESS)  # a first-calls child: the row to time
     return parse
@@ -347,6 +377,8 @@ def parse_args(argv):
     args.mode, args.datasets = mode, args.datasets.split(",")
     args.loops = [int(n) for n in args.loops.split(",")]
     args.jit = [jit or None for jit in args.jit.split(",")]
+    args.variant = [(name, overrides.split()) for name, _, overrides in
+                    (variant.partition(":") for variant in args.variant or VARIANTS)]
     _, steps, rounds, _ = DEFAULTS[mode]
     args.steps, args.rounds = per_dataset(args.steps, steps, args.datasets), per_dataset(args.rounds, rounds,
                                                                                           args.datasets)

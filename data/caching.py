@@ -80,7 +80,9 @@ def _hold(prefix: str) -> bool:
 
 def applies(kind: str, drawn: bool) -> bool:
     """Whether a `kind` cache holds a split's records: never for records drawn afresh in the graph
-    (LFW's training pairs), which have no epoch to cache, whatever the kind."""
+    (LFW's training pairs), which have no epoch to cache, whatever the kind. Their images are held
+    decoded in the image table instead (data/image_table.py: with ``memory``, or within
+    pipeline.image_table_mb), from which the pairs are drawn."""
     return kind != "none" and not drawn
 
 
@@ -90,7 +92,9 @@ def checkpointable(kind: str, task) -> bool:
     A memory cache's iterator state holds every element cached so far, so each
     checkpoint would grow to the size of the decoded split. A disk cache's holds
     the per-shard files of a pass in progress, which a killed run leaves partial
-    and `clean_partial_cache` removes, so it cannot be restored.
+    and `clean_partial_cache` removes, so it cannot be restored. Drawn records' iterators are saved
+    whatever the kind: drawn from the image table too, their state is the counter of draws and the
+    batches prefetched; the table is held outside the iterator, in no checkpoint.
     """
     return not applies(kind, drawn=task.DRAWS_TRAINING_RECORDS)
 

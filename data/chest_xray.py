@@ -44,19 +44,26 @@ _AGE_UNITS = {"Y": 1.0, "M": 1 / 12, "W": 1 / 52, "D": 1 / 365}
 
 def list_tree(root: Path):
     """One walk of `root`: {PNG name: path}, and the metadata CSVs found by name."""
-    images, metadata = {}, {}
+    images, metadata, seen = {}, {}, set()
 
     def walk(directory):
         # os.walk's top-down order, from scandir's entries: their paths come ready, where joining
         # 112,120 names took a third of a warm index. Symlinked folders are followed: Kaggle's
-        # images_001/ ... folders are often linked in from other disks.
+        # images_001/ ... folders are often linked in from other disks; a link back to a folder already
+        # listed (a loop) or that cannot be followed is skipped, and logged.
+        stat = os.stat(directory)
+        if (stat.st_dev, stat.st_ino) in seen:
+            log.warning("Skipped %s: it leads to %s, listed already (a symbolic link loop, or a second link)",
+                        directory, os.path.realpath(directory))
+            return
+        seen.add((stat.st_dev, stat.st_ino))
         folders = []
         with os.scandir(directory) as entries:
             for entry in entries:
                 name = entry.name
                 if name.endswith(".png"):
                     images.setdefault(name, entry.path)
-                elif entry.is_dir():
+                elif _is_folder(entry):
                     folders.append(entry.path)
                 elif name.endswith(".csv") and (name.startswith("Data_Entry_2017") or name.startswith("sample_labels")):
                     metadata.setdefault(name, Path(entry.path))
@@ -65,6 +72,16 @@ def list_tree(root: Path):
 
     walk(str(root))
     return images, metadata
+
+
+def _is_folder(entry) -> bool:
+    """Whether a scandir entry is a folder, following a symbolic link; one that cannot be followed (a link to
+    itself, a loop too deep) is logged and taken as no folder."""
+    try:
+        return entry.is_dir()
+    except OSError as error:
+        log.warning("Skipped %s: %s", entry.path, error.strerror)
+        return False
 
 
 def find_metadata(root: Path, found: dict) -> Path:

@@ -130,20 +130,36 @@ def _mtime(folder):
 def _list_files(top: Path, suffixes, folders: dict) -> list:
     """Sorted (relative path, size, mtime) of the files under `top` whose suffix is in `suffixes`; each folder's
     mtime, taken before it is listed, goes into `folders`."""
-    found, pending = [], [str(top)]
+    found, pending, seen = [], [str(top)], set()
     while pending:
         folder = pending.pop()
         folders[folder] = _mtime(folder)
         if folders[folder] is None:
             continue
+        stat = os.stat(folder)  # a symbolic link back to a folder listed already (a loop) is skipped, and logged
+        if (stat.st_dev, stat.st_ino) in seen:
+            log.warning("Skipped %s: it leads to %s, listed already (a symbolic link loop, or a second link)", folder,
+                        os.path.realpath(folder))
+            continue
+        seen.add((stat.st_dev, stat.st_ino))
         with os.scandir(folder) as entries:
             for entry in entries:
-                if entry.is_dir():
+                if _is_folder(entry):
                     pending.append(entry.path)
                 elif entry.name.lower().endswith(suffixes):
                     stat = entry.stat()
                     found.append((os.path.relpath(entry.path, top), stat.st_size, stat.st_mtime_ns))
     return sorted(found)
+
+
+def _is_folder(entry) -> bool:
+    """Whether a scandir entry is a folder, following a symbolic link; one that cannot be followed (a link to
+    itself, a loop too deep) is logged and taken as no folder."""
+    try:
+        return entry.is_dir()
+    except OSError as error:
+        log.warning("Skipped %s: %s", entry.path, error.strerror)
+        return False
 
 
 def _folders_file(ilsvrc: Path) -> Path:

@@ -14,6 +14,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from tf_harness.data import caching, service, unreadable
+from tf_harness.data.image_table import ImageTableRecords, image_table
 from tf_harness.data.sources import SampledRecords, TableRecords
 from tf_harness.data.tfrecords import TFRecordSettings
 from tf_harness.data.tfrecords.reader import TFRecordRecords
@@ -40,6 +41,8 @@ class Pipeline:
         tfrecord: where to read TFRecord shards, or None to read the dataset's own files.
         service: grpc://host:port of a tf.data service dispatcher whose workers make the training
             batches (data/service.py), or None to make them here.
+        image_table_mb: the memory a table of drawn training records' decoded images may take, in MB
+            (data/image_table.py); 0: none unless `cache` is ``memory``.
     """
 
     batch_size: int
@@ -50,13 +53,14 @@ class Pipeline:
     deterministic: bool
     tfrecord: TFRecordSettings = None
     service: str = None
+    image_table_mb: float = 0
 
     @classmethod
     def from_config(cls, cfg) -> "Pipeline":
         tfrecord = TFRecordSettings.from_config(cfg) if cfg.pipeline.source == "tfrecord" else None
         return cls(int(cfg.pipeline.batch_size), cfg.pipeline.cache, cfg.pipeline.shuffle_buffer,
                    float(cfg.pipeline.shuffle_mb), int(cfg.seed), bool(cfg.deterministic), tfrecord,
-                   cfg.pipeline.service)
+                   cfg.pipeline.service, float(cfg.pipeline.image_table_mb))
 
     def buffer(self, count, element_bytes) -> int:
         """A shuffle buffer for `count` elements of about `element_bytes` each: the whole split, up to shuffle_mb
@@ -83,17 +87,19 @@ def pad_batch(batch_size):
     return pad
 
 
-def record_source(task, table, split, training, tfrecord=None, cache="none"):
-    """The source of a split's records: sampled by the task when it draws its training records, else
-    TFRecord shards when `tfrecord` (tf_harness.data.tfrecords.TFRecordSettings) is given, else the table's rows.
-    `cache` is pipeline.cache, which input_fn applies to every source but sampled ones."""
+def record_source(task, table, split, training, tfrecord=None, cache="none", image_table_mb=0, model_dir=None):
+    """The source of a split's records: drawn by the task when it draws its training records (from a table of
+    its decoded images where `image_table_mb` or a memory `cache` lets it, data/image_table.py; else from the
+    files), else TFRecord shards when `tfrecord` (tf_harness.data.tfrecords.TFRecordSettings) is given, else
+    the table's rows. `cache` is pipeline.cache, which input_fn applies to every source but drawn ones."""
     if training and task.DRAWS_TRAINING_RECORDS:
+        drawn = image_table(task, table, cache, image_table_mb, model_dir)
         unused = [setting for setting, given in (("pipeline.source=tfrecord", tfrecord is not None),
-                                                 (f"pipeline.cache={cache}", cache != "none")) if given]
+                                                 (f"pipeline.cache={cache}", cache not in ("none", "memory"))) if given]
         if unused:
-            log.info("%s draws its training examples from the image files afresh; %s serves its evaluation only",
-                     task.SPEC.name, " and ".join(unused))
-        return SampledRecords(task, table)
+            log.info("%s draws its training examples afresh; %s serves its evaluation only", task.SPEC.name,
+                     " and ".join(unused))
+        return drawn or SampledRecords(task, table)
     if tfrecord is not None:
         return TFRecordRecords(task, table, split, training, tfrecord)
     return TableRecords(task, table)
@@ -176,29 +182,9 @@ def _numbered_first_epoch_guarded(data, load, guard, first_epoch):
     return unreadable.drop_failed(loaded.ignore_errors(log_warning=True), first_epoch)
 
 
-def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
-    """Builds the pipeline of one split, in this order: source, shard, shuffle, load, cache, batch, prefetch.
-
-    Args:
-        task: the dataset's Task (data/task.py).
-        table: the split's index table (tf_harness.data.tables.load_tables).
-        pipeline: the pipeline settings.
-        split: the split's name, which names its disk cache and its TFRecord shards.
-        training: shuffle, repeat forever and drop the last partial batch (the train step augments).
-        context: a tf.distribute.InputContext when several workers each read their share of the
-            training split; evaluation is not split.
-        model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files and image files that
-            fail to decode are reported (data/unreadable.py).
-    """
-    source = record_source(task, table, split, training, pipeline.tfrecord, pipeline.cache)
-    batch_size = pipeline.batch_size
-    if context is not None and context.num_input_pipelines > 1:
-        # Each worker feeds its own replicas their share of the global batch, from its own examples.
-        workers = context.num_input_pipelines
-        batch_size //= workers
-        log.info("Worker %d of %d: %s, %d examples of every global batch of %d", context.input_pipeline_id, workers,
-                 "its own pair draws" if source.endless else f"its 1/{workers} of the {split} split", batch_size,
-                 pipeline.batch_size)
+def _batches(task, table, source, pipeline, split, training, context, model_dir, batch_size):
+    """The records of `source` loaded and batched: this worker's share, shuffled for training, decoded and
+    resized, cached where `pipeline.cache` applies, in batches of `batch_size`."""
     cached = caching.applies(pipeline.cache, drawn=source.endless)
 
     # This worker's share of the cheap records (paths and labels, or serialized examples).
@@ -216,9 +202,40 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
                                 reshuffle_each_iteration=True).repeat()
     if training:
         data = data.batch(batch_size, drop_remainder=True)
-        data = data.map(lambda features, labels: (features, labels, tf.ones([batch_size])))
+        return data.map(lambda features, labels: (features, labels, tf.ones([batch_size])))
+    return data.batch(batch_size).map(pad_batch(batch_size))
+
+
+def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
+    """Builds the pipeline of one split, in this order: source, shard, shuffle, load, cache, batch, prefetch.
+
+    Args:
+        task: the dataset's Task (data/task.py).
+        table: the split's index table (tf_harness.data.tables.load_tables).
+        pipeline: the pipeline settings.
+        split: the split's name, which names its disk cache and its TFRecord shards.
+        training: shuffle, repeat forever and drop the last partial batch (the train step augments).
+        context: a tf.distribute.InputContext when several workers each read their share of the
+            training split; evaluation is not split.
+        model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files and image files that
+            fail to decode are reported (data/unreadable.py).
+    """
+    # No image table under a tf.data service: its workers run the pipeline, and the table lives in this process.
+    source = record_source(task, table, split, training, pipeline.tfrecord, pipeline.cache,
+                           0 if pipeline.service else pipeline.image_table_mb, model_dir)
+    batch_size = pipeline.batch_size
+    if context is not None and context.num_input_pipelines > 1:
+        # Each worker feeds its own replicas their share of the global batch, from its own examples.
+        workers = context.num_input_pipelines
+        batch_size //= workers
+        log.info("Worker %d of %d: %s, %d examples of every global batch of %d", context.input_pipeline_id, workers,
+                 "its own pair draws" if source.endless else f"its 1/{workers} of the {split} split", batch_size,
+                 pipeline.batch_size)
+    if isinstance(source, ImageTableRecords):
+        # Whole batches of drawn pairs, their images gathered from the training images decoded once.
+        data = source.batches(pipeline.seed, context, batch_size)
     else:
-        data = data.batch(batch_size).map(pad_batch(batch_size))
+        data = _batches(task, table, source, pipeline, split, training, context, model_dir, batch_size)
     options = tf.data.Options()
     # Training may take whichever image decodes first; evaluation keeps table order, which
     # predictions.csv and the protocol metrics rely on.
@@ -234,7 +251,8 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         # Everything above, the decode included, runs on the service's workers; only batches come here.
         # Evaluation stays local: the service neither keeps table order nor promises every example once.
         data = service.distribute(data, pipeline.service)
-    log.info("Built the %s input pipeline: batches of %d, %s, cache %s", split, batch_size,
-             "shuffled and repeated" if training else "each example once, in table order", pipeline.cache)
+    order = ("pairs drawn from the image table" if isinstance(source, ImageTableRecords) else
+             "shuffled and repeated" if training else "each example once, in table order")
+    log.info("Built the %s input pipeline: batches of %d, %s, cache %s", split, batch_size, order, pipeline.cache)
     # Overlap input with the model step.
     return data.prefetch(AUTOTUNE)

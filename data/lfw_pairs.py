@@ -21,6 +21,7 @@ import tensorflow as tf
 from sklearn.metrics import roc_curve
 
 from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.image_table import stateless_uniforms
 from tf_harness.data.samples.lfw_pairs import make_sample
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
@@ -50,7 +51,11 @@ def list_images(folder: Path) -> dict:
     """Maps (name, image number) to the file path, for every ``<Name>/<Name>_NNNN.jpg`` in `folder`."""
     found = {}
     for person in os.scandir(folder):
-        if not person.is_dir():
+        try:
+            if not person.is_dir():
+                continue
+        except OSError as error:  # a symbolic link that cannot be followed (to itself, a loop): skipped, and logged
+            log.warning("Skipped %s: %s", person.path, error.strerror)
             continue
         for entry in os.scandir(person.path):
             match = _IMAGE_NAME.fullmatch(entry.name)
@@ -74,7 +79,7 @@ def read_pairs(path) -> pd.DataFrame:
         DatasetError: naming the file and line, for a line that is not a pair or
             a header that does not match the number of pairs.
     """
-    lines = Path(path).read_text().splitlines()
+    lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark, as the chest CSV reader takes
     if not lines:
         raise DatasetError(f"{path} is empty; expected a header line such as '10\\t300'")
     header = lines[0].split()
@@ -171,20 +176,19 @@ class LfwPairs(Task):
                  folder, train.person.nunique(), len(train), len(validation), len(held_out))
         return {"train": train, "validation": validation[["path_a", "path_b", "label", "fold", "name_a", "name_b"]]}
 
-    def train_records(self, table, seed) -> tf.data.Dataset:
-        """An endless stream of balanced training pairs {path_a, path_b, label}, drawn in the graph.
+    @staticmethod
+    def training_images(table) -> pd.DataFrame:
+        """The training table in the order the draws index it: by person, then path (row i is image i)."""
+        return table.sort_values(["person", "path"]).reset_index(drop=True)
 
-        Element i is a same-person pair when i is even and a different-person pair
-        when odd, so every even batch is exactly balanced. Its random draws are
-        stateless ops seeded by (seed, i): the stream depends only on the seed, and
-        an iterator checkpoint is just the counter.
-        """
-        table = table.sort_values(["person", "path"])
+    @staticmethod
+    def _pair_draw(table, seed):
+        """The draw: (i, u) -> (row_a, row_b, label) of element(s) i, rows of `training_images(table)`, from u,
+        their four uniforms ([..., 4] float64 in [0, 1), drawn by (seed, i)); graph ops, elementwise over i."""
         counts = table.groupby("person", sort=True).size()
         if len(counts) < 2 or (counts >= 2).sum() == 0:
             raise DatasetError(f"training needs two people and one person with two images; the images tree "
                                f"left {len(counts)} people outside the evaluation pairs")
-        paths = tf.constant(table.path.to_numpy(dtype=str))
         starts = tf.constant(np.concatenate([[0], np.cumsum(counts.to_numpy())[:-1]]), tf.int64)
         counts_t = tf.constant(counts.to_numpy(), tf.int64)
         with_two = tf.constant(np.flatnonzero(counts.to_numpy() >= 2), tf.int64)
@@ -195,32 +199,74 @@ class LfwPairs(Task):
             return tf.minimum(tf.cast(tf.floor(u * tf.cast(n, tf.float64)), tf.int64), n - 1)
 
         def image(person, u):
-            return paths[starts[person] + draw(u, counts_t[person])]
+            return tf.gather(starts, person) + draw(u, tf.gather(counts_t, person))
 
-        def pair(i):
-            u = tf.random.stateless_uniform([4], seed=tf.stack([tf.constant(seed, tf.int64), i]), dtype=tf.float64)
+        def pair(i, u):
             same = tf.equal(i % 2, 0)
             # Same person: one person with two or more images, two distinct images of theirs.
-            person = tf.gather(with_two, draw(u[0], tf.size(with_two, out_type=tf.int64)))
-            first = draw(u[1], counts_t[person])
-            second = draw(u[2], counts_t[person] - 1)
+            person = tf.gather(with_two, draw(u[..., 0], tf.size(with_two, out_type=tf.int64)))
+            count = tf.gather(counts_t, person)
+            first = draw(u[..., 1], count)
+            second = draw(u[..., 2], count - 1)
             second += tf.cast(second >= first, tf.int64)  # skip `first`, so the two images differ
-            same_a, same_b = paths[starts[person] + first], paths[starts[person] + second]
+            same_a, same_b = tf.gather(starts, person) + first, tf.gather(starts, person) + second
             # Different people: two distinct people, any image of each.
-            person_a = draw(u[0], people)
-            person_b = draw(u[1], people - 1)
+            person_a = draw(u[..., 0], people)
+            person_b = draw(u[..., 1], people - 1)
             person_b += tf.cast(person_b >= person_a, tf.int64)
-            different_a, different_b = image(person_a, u[2]), image(person_b, u[3])
-            return {"path_a": tf.where(same, same_a, different_a), "path_b": tf.where(same, same_b, different_b),
-                    "label": tf.cast(same, tf.int64)}
+            different_a, different_b = image(person_a, u[..., 2]), image(person_b, u[..., 3])
+            return tf.where(same, same_a, different_a), tf.where(same, same_b, different_b), tf.cast(same, tf.int64)
+
+        return pair
+
+    def train_records(self, table, seed) -> tf.data.Dataset:
+        """An endless stream of balanced training pairs {path_a, path_b, label}, drawn in the graph.
+
+        Element i is a same-person pair when i is even and a different-person pair
+        when odd, so every even batch is exactly balanced. Its random draws are
+        stateless ops seeded by (seed, i): the stream depends only on the seed, and
+        an iterator checkpoint is just the counter. `train_draws` draws the same
+        pairs as rows of the training images, a batch at a time.
+        """
+        table = self.training_images(table)
+        pair = self._pair_draw(table, seed)
+        paths = tf.constant(table.path.to_numpy(dtype=str))
+
+        def paths_of(i):
+            u = tf.random.stateless_uniform([4], seed=tf.stack([tf.constant(seed, tf.int64), i]), dtype=tf.float64)
+            row_a, row_b, label = pair(i, u)
+            return {"path_a": tf.gather(paths, row_a), "path_b": tf.gather(paths, row_b), "label": label}
 
         # Graph ops only: nothing for AutoGraph to convert.
-        return tf.data.Dataset.counter().map(tf.autograph.experimental.do_not_convert(pair))
+        return tf.data.Dataset.counter().map(tf.autograph.experimental.do_not_convert(paths_of))
+
+    def train_draws(self, table, seed, batch) -> tf.data.Dataset:
+        """`train_records`' pairs, `batch` at a time, as rows of `training_images(table)`: an endless stream
+        of {row_a, row_b, label}, each [batch], whose element k holds pairs k * batch ... (k + 1) * batch - 1.
+
+        One element per batch, its draws computed together (image_table.stateless_uniforms: the numbers
+        tf.random.stateless_uniform draws for each (seed, i)), costs a small fraction of a pair's own
+        element in tf.data; an iterator checkpoint is still just the counter (of batches).
+        """
+        pair = self._pair_draw(self.training_images(table), seed)
+
+        def rows(k):
+            i = k * batch + tf.range(batch, dtype=tf.int64)
+            row_a, row_b, label = pair(i, stateless_uniforms(seed, i, 4))
+            return {"row_a": row_a, "row_b": row_b, "label": label}
+
+        return tf.data.Dataset.counter().map(tf.autograph.experimental.do_not_convert(rows))
 
     def load(self, record):
         """Reads both faces as RGB uint8 (grayscale JPEGs too), centre-cropped and resized, and the label."""
         images = (self.read_image(record["path_a"]), self.read_image(record["path_b"]))
         return images, tf.reshape(tf.cast(record["label"], tf.float32), [1])
+
+    def load_drawn(self, record, images):
+        """A batch of `train_draws` as `load` gives each pair, batched: its faces gathered from `images`, the
+        training images decoded by `read_image` in `training_images` order (data/image_table.py)."""
+        faces = (tf.gather(images, record["row_a"]), tf.gather(images, record["row_b"]))
+        return faces, tf.expand_dims(tf.cast(record["label"], tf.float32), -1)
 
     def protocol_metrics(self, table, scores) -> dict:
         """LFW's 10-fold protocol: per fold, the threshold is chosen on the other folds.

@@ -7,6 +7,9 @@ expensive part that input_fn runs in a parallel map. Three sources:
 - `TableRecords`: the index table's rows (paths and labels), ``pipeline.source=files``;
 - `SampledRecords`: an endless stream the task draws in the graph (LFW's training pairs);
 - `tf_harness.data.tfrecords.reader.TFRecordRecords`: TFRecord shards, ``pipeline.source=tfrecord``.
+
+Drawn records whose images fit in memory come instead from `tf_harness.data.image_table.ImageTableRecords`:
+whole batches of the same draws, their images gathered from the training images decoded once.
 """
 import numpy as np
 import tensorflow as tf
@@ -72,7 +75,8 @@ def _path_keys(record) -> list:
 
 
 class SampledRecords:
-    """Training records the task draws afresh in the graph, endlessly (LFW's balanced pairs)."""
+    """Training records the task draws afresh in the graph, endlessly (LFW's balanced pairs), each loaded from
+    its image files: where there is no image table (data/image_table.py)."""
 
     endless = True
 

@@ -255,3 +255,56 @@ def _names(names) -> str:
 
 def _first_line(error) -> str:
     return (str(error).splitlines() or [""])[0]
+
+
+def check_before_start(checkpoint_dir, mode, train_steps, recorded_run=True) -> None:
+    """Before a run writes anything in its directory, what its checkpoints allow. Raises UnrestorableError when
+    the folder holds checkpoints but none may be restored, and, for a training mode, CheckpointAheadError when training on from the one that is restored to
+    `train_steps` would overwrite a checkpoint file already there: a newer checkpoint that cannot be restored, or
+    the files of one whose index is gone. Why a newer checkpoint is skipped is logged with a refusal (the restore
+    logs it otherwise). A `recorded_run` with no checkpoint to train on from is logged too: it starts at step 0."""
+    checkpoint_dir = Path(checkpoint_dir)
+    reasons, refused = _Kept(), False
+    logger = logging.getLogger(__name__)
+    logger.addHandler(reasons)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        latest = newest_finite(checkpoint_dir)
+        if mode not in ("train", "train_and_evaluate"):
+            return
+        step = int(latest.rpartition("-")[2]) if latest else 0
+        refuse_ahead(checkpoint_dir, step, train_steps)
+        # Files of a checkpoint whose index is gone are not a checkpoint, but a save of that step would overwrite them.
+        orphans = {}
+        for path in sorted(checkpoint_dir.glob(f"{PREFIX}-*.*")):
+            match = re.match(rf"^{PREFIX}-(\d+)\.", path.name)
+            if match and path.is_file() and step < int(match.group(1)) <= train_steps:
+                orphans.setdefault(int(match.group(1)), []).append(path)
+        if orphans:
+            number = min(orphans)
+            raise CheckpointAheadError(
+                f"{orphans[number][0]} is a file of checkpoint {PREFIX}-{number}, whose index is "
+                f"missing, ahead of global step {step}, the newest checkpoint that can be restored; training on to "
+                f"trainer.train_steps={train_steps} would overwrite it; move {PREFIX}-{number}.* out of "
+                f"{checkpoint_dir} to train again from step {step}, or set trainer.train_steps to {number - 1} or less")
+    except UnrestorableError as error:
+        refused = error.before_start = True  # the job changed nothing: experiments/cli.py's Outcome.ran
+        raise
+    finally:
+        logger.removeHandler(reasons)
+        logger.propagate = propagate
+        for record in reasons.records if refused else ():  # why each newer checkpoint was skipped, before the line
+            logger.handle(record)
+    if latest is None and recorded_run:
+        log.warning("No checkpoint in %s to resume from: training starts at global step 0", checkpoint_dir)
+
+
+class _Kept(logging.Handler):
+    """Keeps the records it is handed, for check_before_start."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)

@@ -7,6 +7,7 @@ one is reported in about a second, before TensorFlow's start-up messages.
 import logging
 import os
 import sys
+import time
 import uuid
 import warnings
 
@@ -63,6 +64,19 @@ def _to_run_log(*lines) -> None:
                 handler.handle(record)
 
 
+def _append_run_log(run_dir, *lines) -> None:
+    """Appends `lines` to an existing run.log in `run_dir` as Hydra's job logging writes them, before Hydra starts."""
+    path = os.path.join(run_dir, "run.log")
+    if not os.path.isfile(path):
+        return
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f",{int(time.time() * 1000) % 1000:03d}"
+    try:
+        with open(path, "a") as f:
+            f.writelines(f"[{stamp}][{log.name}][ERROR] - {line}\n" for line in lines)
+    except OSError:  # the one line on stderr stands
+        pass
+
+
 def _report(error, prefix, status=None) -> None:
     line = f"{prefix}: {_one_line(error)}"
     print(line, file=sys.stderr)
@@ -77,13 +91,14 @@ class Outcome(float):
     such as Optuna maximises; NaN when there is none, a failure included), with the job's exit status and
     error line (experiments/sweep_report.py)."""
 
-    def __new__(cls, metric=None, status=0, error=None):
+    def __new__(cls, metric=None, status=0, error=None, ran=True):
         outcome = super().__new__(cls, float("nan") if metric is None else metric)
-        outcome.status, outcome.error = status, error
+        # ran: False for a job refused before it changed anything in its run directory, whose record stays as it was.
+        outcome.status, outcome.error, outcome.ran = status, error, ran
         return outcome
 
     def __reduce__(self):  # launchers pickle it back from their job processes
-        return Outcome, (float(self), self.status, self.error)
+        return Outcome, (float(self), self.status, self.error, self.ran)
 
 
 def note_status(status) -> None:
@@ -101,9 +116,10 @@ def _closing(status, outcome) -> str:
 _existing_run_dir = None
 
 
-def _failed(line, status) -> Outcome:
+def _failed(line, status, ran=True) -> Outcome:
     """One job failed: one line on stderr; run.log gets it and its closing line. A config error in a run
-    directory this process created removes it. Returns the job's outcome."""
+    directory this process created removes it. Returns the job's outcome (`ran`: see Outcome)."""
+    interrupts.finished()  # this status is the job's: a signal from here on changes nothing
     print(line, file=sys.stderr)
     _to_run_log(line, _closing(status, "stopped by a config error" if status == 2 else "failed"))
     note_status(status)
@@ -112,7 +128,7 @@ def _failed(line, status) -> Outcome:
         from hydra.types import RunMode
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:  # a sweep's jobs keep their record
             run_directory.discard_failed_start(HydraConfig.get().runtime.output_dir, _existing_run_dir)
-    return Outcome(None, status, line)
+    return Outcome(None, status, line, ran)
 
 
 def guarded(task, cfg) -> Outcome:
@@ -126,6 +142,7 @@ def guarded(task, cfg) -> Outcome:
     Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweep_report.py).
     """
     startup.job_started()
+    interrupts.started()  # a signal held since a sweep's previous job ended stops the sweep here
     # Re-entering a recorded run directory runs its saved config, changed only in run-control keys.
     cfg, problem = run_directory.effective(cfg)
     problem = problem or schema.first_problem(cfg, os.environ)
@@ -146,12 +163,15 @@ def guarded(task, cfg) -> Outcome:
     except ConfigError as error:
         return _failed(f"config error: {_one_line(error)}", 2)
     except (DatasetError, NonFiniteLossError, UnrestorableError) as error:
-        return _failed(f"error: {_one_line(error)}", 1)
+        # A re-entry whose checkpoints refuse it before it writes anything (checkpoints.check_before_start).
+        return _failed(f"error: {_one_line(error)}", 1, ran=not getattr(error, "before_start", False))
     except Exception as error:
         line = os_errors.describe(error)  # a full disk, a read-only folder, a path too long
         if line is None:
             raise
         return _failed(f"error: {line}", 1)
+    interrupts.raise_held()  # a signal that landed in a finalizer (tqdm's __del__, say) stops the run here
+    interrupts.finished()  # the run has finished: a signal from here on changes nothing (docs/run-directory.md)
     _to_run_log(_closing(0, "finished"))
     return Outcome(metric)
 
@@ -162,6 +182,12 @@ def exit_code(main) -> int:
     interrupts.install()  # from here on, a signal at any instant exits 130/143 (the runner saves first)
     _existing_run_dir = run_directory.existing_ancestor(sys.argv[1:])
     try:
+        # A run directory that holds a run without a readable saved config: refused before Hydra writes anything.
+        damaged = run_directory.unreadable_record(sys.argv[1:])
+        if damaged:
+            print(f"error: {damaged}", file=sys.stderr)
+            _append_run_log(run_directory.run_dir_argument(sys.argv[1:]), f"error: {damaged}", _closing(1, "failed"))
+            return 1
         # Re-entering a recorded run directory composes its own dataset, model and experiment.
         sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])
         main()
@@ -169,6 +195,7 @@ def exit_code(main) -> int:
         _report(error, "config error", 2)
         return 2
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as tf_harness.experiments.interrupts.Interrupted
+        interrupts.finished()  # a second Ctrl-C does not cut this short
         status = interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
         print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)
         _to_run_log(f"interrupted{f' by {error}' if str(error) else ''}",
@@ -182,4 +209,6 @@ def exit_code(main) -> int:
         # A bug: Python prints the traceback; run.log still says what happened.
         _to_run_log(f"error: {type(error).__name__}: {_one_line(error)}", _closing(1, "failed (traceback on stderr)"))
         raise
+    finally:
+        interrupts.exiting()  # from here to the process's exit a signal changes nothing and prints nothing
     return _status

@@ -3,14 +3,25 @@
 Every layer may import this module (it needs nothing but the standard library), so
 the code that saves a checkpoint on an interrupt and the command line that maps it
 to an exit status agree on one exception.
+
+A signal is raised where it lands, except where an exception would not stop the run or would
+not be handled: inside a deferred() block (raised when the block ends); inside a finalizer
+(`__del__`, e.g. tqdm's), where Python would print it as "Exception ignored in ..." with a
+traceback and go on (raised at the next deferred() block's end, or before the job logs its
+outcome: `raise_held`); and once the job has logged its outcome and exit status (`finished`),
+from then to the process's exit: the run has finished, and exits with the status it logged
+(`exiting` ignores both signals for the last steps of the exit, when Python restores their defaults).
+In a sweep, the next job's start (`started`) raises a signal held since the previous job ended.
 """
 import contextlib
 import signal
+import sys
 import threading
 
-# Signals that came while a deferred() block ran; raised when it ends.
+# Signals that came while a deferred() block ran, inside a finalizer or after the job finished; raised later.
 _pending = []
 _deferring = False
+_finished = False
 
 
 class Interrupted(KeyboardInterrupt):
@@ -24,12 +35,55 @@ class Interrupted(KeyboardInterrupt):
 
 
 def raise_interrupt(signum, frame):
-    """A signal handler: stops whatever the main thread is doing with Interrupted, or, inside a
-    deferred() block, when that block ends."""
-    if _deferring:
+    """A signal handler: stops whatever the main thread is doing with Interrupted, or holds the signal
+    (the module's docstring says when, and when it is raised)."""
+    if _deferring or _finished or _in_finalizer(frame):
         _pending.append(signum)
         return
     raise Interrupted(signum)
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether the main thread runs a finalizer (a `__del__`, whatever called it) or the interpreter is exiting."""
+    if sys.is_finalizing():
+        return True
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def raise_held() -> None:
+    """Raises Interrupted for a signal held outside a deferred() block (one that landed in a finalizer)."""
+    if _pending and not _deferring and not _finished:
+        signum = _pending[0]
+        _pending.clear()
+        raise Interrupted(signum)
+
+
+def finished() -> None:
+    """The job has logged its outcome and exit status: from here on a signal is held, not raised, so that the
+    status stands and nothing prints a traceback on the way out. `started` ends this for a sweep's next job."""
+    global _finished
+    _finished = True
+
+
+def exiting() -> None:
+    """The process is about to exit with the status its run logged: SIGINT and SIGTERM are ignored from here on.
+    (Python puts back their default actions as it shuts down, so a late Ctrl-C would otherwise kill it with the
+    signal instead of its status; an ignored signal is left ignored.)"""
+    finished()
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def started() -> None:
+    """A job starts: signals are raised again, one held since the previous job ended first."""
+    global _finished
+    _finished = False
+    raise_held()
 
 
 @contextlib.contextmanager

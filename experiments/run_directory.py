@@ -22,23 +22,39 @@ directory (`hydra.run.dir=<run>` again):
 A directory whose `.hydra/` holds only a config (a start that failed before recording anything, e.g.
 on a bad value) is not recorded: the next run there starts afresh and Hydra rewrites `.hydra/`.
 
-Nothing here imports TensorFlow.
+The run directory never lies, and is never taken for another:
+
+- `hydra.run.dir=` is read with Hydra's own override parser (`run_dir_argument`), so a quoted path
+  (`'/data/a b/ü'`) names the same directory for this module as for Hydra;
+- a directory that holds a run (an HParams record or checkpoint files) whose saved config is missing or
+  unreadable is refused before Hydra starts (`unreadable_record`: one line naming the file, exit 1, nothing
+  written), rather than composed from conf/ with `.hydra/` rewritten over it; an unreadable `.hydra/hydra.yaml`
+  is logged, and the dataset and model the saved config names are composed (`saved_choices`);
+- before a start writes anything, its checkpoints are checked (`check_checkpoints`): none restorable, or one that
+  training on would overwrite, stops it with one line and the directory as it was;
+- an unreadable `checkpoints/input_pipelines.json` is logged and read as no record.
+
+Nothing here imports TensorFlow, but `check_checkpoints` (through experiments/checkpoints.py), which the runner
+calls once TensorFlow is running.
 """
+import logging
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+log = logging.getLogger(__name__)
+
 SAVED = Path(".hydra") / "config.yaml"
 # Keys the command line may change on re-entry (docs/run-directory.md); `strategy` is the whole group.
 RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eval_steps", "trainer.checkpoint_every",
                "trainer.log_every", "trainer.steps_per_loop", "trainer.jit_compile", "trainer.profile_steps",
-               "dataset.root", "pipeline.source", "pipeline.cache", "pipeline.service")
+               "trainer.eval_timeout", "dataset.root", "pipeline.source", "pipeline.cache", "pipeline.service")
 # May change in these modes only: the checkpoint does not depend on them, but training's saved input
 # iterator depends on the batch size, and training holds the evaluation pairs' people out.
 EVALUATION_KEYS = ("pipeline.batch_size", "dataset.eval_pairs", "dataset.fold")
 EVALUATION_MODES = ("evaluate", "predict", "export")
-ALLOWED = ("mode, trainer.train_steps|eval_every|eval_steps|checkpoint_every|log_every|steps_per_loop|"
+ALLOWED = ("mode, trainer.train_steps|eval_every|eval_steps|eval_timeout|checkpoint_every|log_every|steps_per_loop|"
            "jit_compile|profile_steps, "
            "dataset.root, pipeline.source|cache|service, strategy and (for mode=evaluate|predict|export) "
            "pipeline.batch_size, dataset.eval_pairs|fold")
@@ -83,19 +99,103 @@ def subdir(output_dir) -> str:
 CHOSEN_GROUPS = ("dataset", "model", "experiment")
 
 
+def run_dir_argument(args):
+    """The run directory the command line's last `hydra.run.dir=` names, read with Hydra's own override parser
+    (so `hydra.run.dir='/tmp/a b/ü'` or `"..."` names `/tmp/a b/ü`, as it does for Hydra); None when it names none.
+    A value Hydra's parser does not take is returned as typed: Hydra itself refuses it, in one line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    values = [arg.partition("=")[2] for arg in args if arg.startswith("hydra.run.dir=")]
+    if not values:
+        return None
+    try:
+        value = OverridesParser.create().parse_override(f"hydra.run.dir={values[-1]}").value()
+    except Exception:  # noqa: BLE001  e.g. unquoted non-ASCII characters: Hydra reports it
+        return values[-1]
+    return value if isinstance(value, str) else values[-1]
+
+
+def _has_run(run_dir) -> bool:
+    """Whether `run_dir` holds what only a run writes: an HParams record or checkpoint files."""
+    run_dir = Path(run_dir)
+    return has_hparams(run_dir) or any((run_dir / "checkpoints").glob("ckpt-*"))
+
+
+def config_problem(path):
+    """What is wrong with the saved config at `path`, in a few words; None when it reads as a run's config."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return "is missing"
+    except UnicodeDecodeError:
+        return "is not text (not UTF-8)"
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    if not text.strip():
+        return "is empty"
+    try:
+        cfg = OmegaConf.create(text)
+    except Exception as error:  # noqa: BLE001  yaml's errors, OmegaConf's
+        return f"is not valid YAML ({' '.join(str(error).split())[:160]})"
+    if not isinstance(cfg, DictConfig):
+        return "does not hold a config (a mapping of keys)"
+    if not isinstance(value_of(cfg, "dataset.name"), str):  # every run's config names its dataset
+        return "does not hold a run's config (no dataset.name)"
+    return None
+
+
+def unreadable_record(args):
+    """The one line to report, before Hydra starts, when the command line re-enters a run directory whose saved
+    config is missing or unreadable while the directory holds a run (an HParams record or checkpoint files):
+    composing from conf/ instead would rewrite `.hydra/` and train or evaluate another config over the run's
+    checkpoints. None otherwise (a new or unrecorded directory, a readable config, a sweep)."""
+    if any(arg in ("-m", "--multirun") for arg in args):
+        return None
+    run_dir = run_dir_argument(args)
+    if run_dir is None or not Path(run_dir).is_dir() or not _has_run(run_dir):
+        return None
+    path = Path(run_dir) / SAVED
+    problem = config_problem(path)
+    if problem is None:
+        return None
+    held = "checkpoints" if any((Path(run_dir) / "checkpoints").glob("ckpt-*")) else "an HParams record"
+    return (f"{path} {problem}, but {run_dir} holds a run ({held}): it is not started afresh over it; put the run's "
+            f"saved config back, or choose a new hydra.run.dir")
+
+
+def saved_choices(run_dir):
+    """(choices, trouble): the group choices of the run saved in `run_dir` (`.hydra/hydra.yaml`'s
+    hydra.runtime.choices), and None; or, when that file is missing or unreadable, the dataset and model that
+    its saved config names, and what was wrong with the file, in a few words."""
+    path = Path(run_dir) / ".hydra" / "hydra.yaml"
+    try:
+        choices = OmegaConf.to_container(OmegaConf.load(path).hydra.runtime.choices)
+        if isinstance(choices, dict):
+            return choices, None
+        trouble = "holds no group choices"
+    except FileNotFoundError:
+        trouble = "is missing"
+    except Exception as error:  # noqa: BLE001  not text, not YAML, not Hydra's settings
+        trouble = f"cannot be read ({type(error).__name__})"
+    try:
+        saved = OmegaConf.load(Path(run_dir) / SAVED)
+        choices = {group: value_of(saved, f"{group}.name") for group in ("dataset", "model")}
+        return {group: name for group, name in choices.items() if isinstance(name, str)}, trouble
+    except Exception:  # noqa: BLE001  unreadable_record has refused such a directory already
+        return {}, trouble
+
+
 def with_saved_choices(args) -> list:
     """The command line `args`, with the saved `dataset=`, `model=` and `experiment=` choices of the recorded
-    run directory that `hydra.run.dir=` names added in front of those it does not name itself."""
+    run directory that `hydra.run.dir=` names added in front of those it does not name itself (with an unreadable
+    `.hydra/hydra.yaml`, the dataset and model its saved config names)."""
     if any(arg in ("-m", "--multirun") for arg in args):
         return list(args)
-    run_dirs = [arg.partition("=")[2] for arg in args if arg.startswith("hydra.run.dir=")]
-    if not run_dirs or not recorded(run_dirs[-1]):
+    run_dir = run_dir_argument(args)
+    if run_dir is None or not recorded(run_dir):
         return list(args)
-    try:
-        saved_hydra = OmegaConf.load(Path(run_dirs[-1]) / ".hydra" / "hydra.yaml")
-        choices = OmegaConf.to_container(saved_hydra.hydra.runtime.choices)
-    except Exception:  # noqa: BLE001  no readable hydra.yaml: compose as typed
-        return list(args)
+    choices, _ = saved_choices(run_dir)
     named = {arg.lstrip("+~").partition("=")[0] for arg in args}
     added = [f"{group}={choices[group]}" for group in CHOSEN_GROUPS
              if group not in named and isinstance(choices.get(group), str)]
@@ -109,7 +209,7 @@ def _show(value):
     return show(value)
 
 
-def _value(cfg, key):
+def value_of(cfg, key):
     """The value at `key`, resolved where it resolves (as written otherwise); _ABSENT when there is none."""
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent, default=_ABSENT) if parent else cfg
@@ -143,7 +243,7 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
     merged = OmegaConf.load(path)
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     mode_override = [o for o in parsed if o.key_or_group == "mode" and not o.is_delete()]
-    mode = _value(cfg, "mode") if mode_override else _value(saved, "mode")
+    mode = value_of(cfg, "mode") if mode_override else value_of(saved, "mode")
 
     def differs(key, requested, was, where=path):
         return (f"{key}={_show(requested)} differs from the run directory's saved {key}={_show(was)} ({where}); "
@@ -159,15 +259,17 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
             if saved_choices is not None and key in saved_choices:
                 was, where = saved_choices[key], Path(run_dir) / ".hydra" / "hydra.yaml"
             else:
-                was, where = _value(saved, f"{key}.name"), path
+                was, where = value_of(saved, f"{key}.name"), path
+            if was is _ABSENT:  # not recorded (an experiment, without a readable hydra.yaml): its keys are compared
+                continue
             if requested != was:
                 return None, differs(key, requested, was, where)
             continue
         if override.is_delete():
             requested = _ABSENT
         else:
-            requested = _value(cfg, key)
-        was = _value(saved, key)
+            requested = value_of(cfg, key)
+        was = value_of(saved, key)
         if requested == was:
             continue
         if not _allowed(key, mode):
@@ -181,7 +283,7 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
     # Keys added to the harness since the run was saved take today's defaults.
     from tf_harness.experiments.schema import KEYS
     for key in KEYS:
-        if _value(merged, key) is _ABSENT and _value(cfg, key) is not _ABSENT:
+        if value_of(merged, key) is _ABSENT and value_of(cfg, key) is not _ABSENT:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False, force_add=True)
     return merged, None
 
@@ -197,14 +299,17 @@ def effective(cfg):
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if subdir(run_dir) == ".hydra":
         return cfg, None
-    saved_choices = None
-    try:
-        saved_hydra = OmegaConf.load(run_dir / ".hydra" / "hydra.yaml")
-        saved_choices = OmegaConf.to_container(saved_hydra.hydra.runtime.choices)
-    except Exception:  # noqa: BLE001  no readable hydra.yaml: fall back to each group's name key
-        pass
+    problem = config_problem(run_dir / SAVED)
+    if problem:  # cli refuses such a directory before Hydra starts; it may have changed since
+        return None, f"{run_dir / SAVED} {problem}; put the run's saved config back, or choose a new hydra.run.dir"
+    choices, trouble = saved_choices(run_dir)
+    if trouble:
+        log.warning(
+            "%s %s: composing the run's saved config with the dataset and model it names (%s)",
+            run_dir / ".hydra" / "hydra.yaml", trouble, ", ".join(f"{group}={name}" for group, name in choices.items()))
+    known_choices = choices if not trouble else None
     merged, problem = compose(cfg, run_dir, hydra_cfg.overrides.task, dict(hydra_cfg.runtime.choices),
-                              saved_choices)
+                              known_choices)
     if problem:
         return None, problem
     OmegaConf.set_struct(merged, True)
@@ -223,10 +328,10 @@ _HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 def existing_ancestor(args):
     """The nearest folder that already exists on the path the command line's `hydra.run.dir=` names (the
     folder itself when it exists); None when the command line names none. Read before Hydra creates it."""
-    run_dirs = [arg.partition("=")[2] for arg in args if arg.startswith("hydra.run.dir=")]
-    if not run_dirs:
+    run_dir = run_dir_argument(args)
+    if run_dir is None:
         return None
-    path = Path(run_dirs[-1].strip("'\"")).absolute()
+    path = Path(run_dir).absolute()
     while not _exists(path) and path != path.parent:
         path = path.parent
     return path
@@ -272,47 +377,3 @@ def discard_failed_start(run_dir, existing) -> bool:
         except OSError:
             break
     return not run_dir.exists()
-
-
-# The input pipeline whose iterator each checkpoint holds. A re-entry may change pipeline.source, pipeline.cache,
-# dataset.root and the strategy; a saved iterator restored into another pipeline would fail, so a resume compares
-# the checkpoint's pipeline with its own and, when they differ, restarts the input stream (runner.py).
-INPUT_RECORD = "input_pipelines.json"
-
-
-def input_signature(cfg, replicas, saved) -> dict | None:
-    """What shapes the training input iterator; None when checkpoints leave the iterator out (`saved` false)."""
-    if not saved:
-        return None
-    return {"dataset.root": _value(cfg, "dataset.root"), "pipeline.source": _value(cfg, "pipeline.source"),
-            "pipeline.cache": _value(cfg, "pipeline.cache"), "pipeline.batch_size": _value(cfg, "pipeline.batch_size"),
-            "strategy": _value(cfg, "strategy"), "replicas": int(replicas)}
-
-
-def _input_records(checkpoint_dir) -> list:
-    import json
-    try:
-        return json.loads((Path(checkpoint_dir) / INPUT_RECORD).read_text())
-    except (OSError, ValueError):
-        return []
-
-
-def saved_input(checkpoint_dir, step):
-    """(known, signature): the input pipeline of the checkpoint at global `step`, from the record that
-    `note_input` keeps; known is False in a run directory written before the record existed."""
-    found = [record for record in _input_records(checkpoint_dir) if record["after_step"] < step]
-    return (True, found[-1]["input"]) if found else (False, None)
-
-
-def note_input(checkpoint_dir, step, signature) -> None:
-    """Records that checkpoints after global `step` hold the iterator of `signature` (None: no iterator)."""
-    import json
-    records = _input_records(checkpoint_dir)
-    if records and records[-1]["input"] == signature:
-        return
-    records = [record for record in records if record["after_step"] < step] + [
-        {"after_step": int(step), "input": signature}]
-    path = Path(checkpoint_dir) / INPUT_RECORD
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".tmp").write_text(json.dumps(records, indent=1))
-    path.with_suffix(".tmp").replace(path)

@@ -6,9 +6,21 @@ it was still training). The lock is an `fcntl.flock` on `<run dir>/.lock`:
 - the OS drops it when its holder exits, however it exits (SIGKILL included), so a
   lock left by a dead process is taken over without any clean-up;
 - the file's content (pid and host of the holder) only names the holder in the
-  error message; a stale content never blocks, since only the flock counts.
+  error message; a stale content never blocks, since only the flock counts. A holder
+  that exits (not killed) empties it, so a run directory nobody runs in holds an empty
+  `.lock`, and a start that is refused leaves it as it found it.
 Under multi_worker only the chief takes it: the workers share the run directory.
+
+mode=continuous_eval (experiments/sidecar.py) evaluates beside the process that trains: it takes no `.lock`
+but `<run dir>/.eval-lock`, the same kind of lock, so that two evaluators do not collide.
+
+A process refused either lock writes nothing into the run directory's logs: it lets go of its own handle on
+the run's log (Hydra opened `run.log` for the job before our code ran), so that its `config error` and exit
+status lines reach stderr alone and the live run's `run.log` never reads as if it had stopped.
+
+Nothing here imports TensorFlow, so the locks can be taken before it starts.
 """
+import atexit
 import fcntl
 import json
 import logging
@@ -22,9 +34,10 @@ from tf_harness.experiments import strategies
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
+EVAL_LOCK_NAME = ".eval-lock"  # mode=continuous_eval's, beside the trainer's
 
-# The lock this process holds: {run dir: open file descriptor}. Kept open for the
-# process's life; the next multirun job of the same process releases it first.
+# The locks this process holds: {lock file: open file descriptor}. Kept open for the
+# process's life; the next multirun job of the same process releases them first.
 _held = {}
 
 
@@ -33,28 +46,65 @@ def hold(run_dir) -> bool:
 
     Raises ConfigError (exit 2) naming the holder when another process has it.
     """
-    if strategies.workers()[1] != 0:  # worker 0 is the chief (or the task `chief`, counted as worker 0)
+    # Worker 0 is the chief (or the task `chief`, counted as worker 0); the evaluator task has no index.
+    if strategies.workers()[1] != 0:
         return False
-    release()  # an earlier job of a multirun sweep in this process has finished
-    run_dir = Path(run_dir)
+    if held(run_dir):  # this job took it already (before TensorFlow started)
+        return True
+    release(keep=run_dir)  # an earlier job of a multirun sweep in this process has finished
+    _take(Path(run_dir), LOCK_NAME, lambda run_dir, path, pid, host: (
+        f"hydra.run.dir={run_dir} is in use by pid {pid} on host {host} (lock file {path}); wait for that run to "
+        f"finish or stop it, or choose another hydra.run.dir"))
+    return True
+
+
+def held(run_dir, name=LOCK_NAME) -> bool:
+    """Whether this process holds the lock `name` (`.lock`, or EVAL_LOCK_NAME) of `run_dir`."""
+    return Path(run_dir).absolute() / name in _held
+
+
+def hold_evaluator(run_dir) -> None:
+    """Takes the run directory's evaluator lock (`.eval-lock`) for this process's life, for mode=continuous_eval.
+
+    Raises ConfigError (exit 2) naming the holder when another evaluator has it.
+    """
+    release(keep=run_dir)  # an earlier job of a multirun sweep in this process has finished
+    _take(Path(run_dir), EVAL_LOCK_NAME, lambda run_dir, path, pid, host: (
+        f"hydra.run.dir={run_dir} is evaluated by pid {pid} on host {host} (lock file {path}); one "
+        f"mode=continuous_eval at a time evaluates a run directory: wait for that one to stop, or stop it"))
+
+
+def _take(run_dir, name, refusal) -> None:
+    """Takes the flock on `run_dir`/`name` and records this process in it; raises ConfigError with
+    `refusal(run_dir, path, pid, host)` when another process holds it."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_NAME
+    path = run_dir / name
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise ConfigError(f"hydra.run.dir={run_dir} is in use by pid {holder.get('pid', '?')} on host "
-                          f"{holder.get('host', '?')} (lock file {path}); wait for that run to finish or stop "
-                          f"it, or choose another hydra.run.dir") from None
+        leave_job_log(run_dir)  # the holder's log is not this process's to write in
+        raise ConfigError(refusal(run_dir, path, holder.get("pid", "?"), holder.get("host", "?"))) from None
     # Overwrite whatever a dead holder left: the content only names the live holder.
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode() + b"\n")
     os.fsync(fd)
-    _held[run_dir] = fd
-    return True
+    _held[path.absolute()] = fd
+
+
+def leave_job_log(run_dir) -> list:
+    """Closes and removes the root logger's file handlers that write into `run_dir` (Hydra's job log, run.log),
+    so that nothing this process logs from here on lands there; returns them (closed), for their formatter."""
+    root, run_dir = logging.getLogger(), Path(run_dir).resolve()
+    left = [handler for handler in root.handlers
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve().parent == run_dir]
+    for handler in left:
+        root.removeHandler(handler)
+        handler.close()
+    return left
 
 
 def _holder(fd) -> dict:
@@ -70,11 +120,20 @@ def _holder(fd) -> dict:
     return {}
 
 
-def release() -> None:
-    """Lets go of the lock(s) this process holds. The file stays: unlinking a lock file
-    lets a waiter lock the old file while a newcomer locks a new one."""
-    for run_dir, fd in list(_held.items()):
-        os.ftruncate(fd, 0)
-        fcntl.flock(fd, fcntl.LOCK_UN)
+def release(keep=None) -> None:
+    """Lets go of the lock(s) this process holds, but those of run directory `keep`. The file stays: unlinking a
+    lock file lets a waiter lock the old file while a newcomer locks a new one."""
+    for path, fd in list(_held.items()):
+        if keep is not None and path.parent == Path(keep).absolute():
+            continue
+        del _held[path]
+        try:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:  # the OS lets go of it as the descriptor closes
+            pass
         os.close(fd)
-        del _held[run_dir]
+
+
+# A process that exits (not one that is killed) empties the lock files it held.
+atexit.register(release)

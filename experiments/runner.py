@@ -2,46 +2,35 @@
 
 Reads top to bottom: set-up and config checks, input pipeline, model and
 optimizer, checkpoint restore, then the mode (train and evaluate, train,
-evaluate or predict).
+evaluate, predict, export or the sidecar evaluator). The Estimator trains here;
+its evaluation and prediction passes are experiments/evaluation.py.
 """
-import functools
 import logging
 import re
 import shutil
 from pathlib import Path
 
 import keras
-import numpy as np
-import pandas as pd
 import tensorflow as tf
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data import caching, task_from_config, unreadable
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import Pipeline, input_fn
 from tf_harness.data.skipped import SkipLog
-from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable, path_columns
+from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import (checkpoints, export, interrupts, leftovers, metrics, review, run_directory,
-                                    run_lock, strategies, xla_cache)
+from tf_harness.experiments import (checkpoints, export, input_record, interrupts, leftovers, metrics, review,
+                                    run_directory, run_lock, sidecar, strategies, warm_start, xla_cache)
+from tf_harness.experiments.evaluation import Evaluation, logs_above_the_bar
 from tf_harness.experiments.startup import StartupClock
-from tf_harness.experiments.summaries import Summaries, evaluated_step, write_metrics
+from tf_harness.experiments.summaries import Summaries, evaluated_step
 from tf_harness.experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
 
 log = logging.getLogger(__name__)
-MODES = ("train_and_evaluate", "train", "evaluate", "predict", "export")
-
-
-def _logs_above_the_bar(method):
-    """Log lines printed while `method` runs go above its tqdm bar instead of through it; run.log is untouched."""
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        with logging_redirect_tqdm():
-            return method(*args, **kwargs)
-    return wrapper
+MODES = ("train_and_evaluate", "train", "evaluate", "predict", "export", "continuous_eval")
 
 
 def _duration(seconds) -> str:
@@ -56,12 +45,9 @@ def run(cfg):
     clock = StartupClock()
     model_dir = Path(HydraConfig.get().runtime.output_dir)
     interrupts.install()  # SIGINT/SIGTERM: save a checkpoint, then exit 130/143
-    if run_lock.hold(model_dir):  # exit 2 if another process runs here; only the holder may clean up
-        leftovers.remove(model_dir)
-    if cfg.mode in run_directory.EVALUATION_MODES and not any((model_dir / "checkpoints").glob("ckpt-*.index")):
-        # Before anything is written: a directory with no checkpoint must not become a recorded run of this mode.
-        raise ConfigError(f"mode={cfg.mode} needs a checkpoint in {model_dir / 'checkpoints'}; train into that run "
-                          f"directory first (hydra.run.dir=...)")
+    if sidecar.wanted(cfg):  # mode=continuous_eval or TF_CONFIG's evaluator: beside the trainer, its own lock and log
+        return sidecar.run(cfg, model_dir, Estimator)
+    _claim_run_directory(cfg, model_dir)
     log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     log.info("Run directory: %s", model_dir)
     # Multirun jobs share this process: start each from a clean Keras state.
@@ -79,22 +65,13 @@ def run(cfg):
     if cfg.pipeline.batch_size % replicas:
         raise ConfigError(f"pipeline.batch_size={cfg.pipeline.batch_size} does not divide across {replicas} "
                           f"replicas; use a multiple of {replicas}")
-    # Mixed precision keeps variables, logits and the loss in float32 (experiments/trainer.py casts the logits).
-    policy = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}[cfg.pipeline.dtype]
-    keras.mixed_precision.set_global_policy(policy)
-    if policy != "float32":
-        log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", cfg.pipeline.dtype, policy)
+    _set_precision(cfg.pipeline.dtype)
+    # Under multi_worker only the chief writes the run directory's files; the others would clash.
+    chief = strategies.is_chief(strategy)
 
     # Input pipeline: index once, in Python; everything per example happens in tf.data.
     skipped = SkipLog()
-    tables = task.index(dataset_root(task, cfg.dataset.root), skipped)
-    clock.lap("index")
-    if cfg.pipeline.verify_images:
-        tables = drop_undecodable(tables, skipped)
-        clock.lap("verify")
-    check_shards(task, tables, pipeline.tfrecord, cfg.mode, skipped)  # records lost by damaged TFRecord shards
-    # Under multi_worker only the chief writes the run directory's files; the others would clash.
-    chief = strategies.is_chief(strategy)
+    tables = _index(cfg, task, pipeline, skipped, clock)
     if chief:
         skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
     check_skipped(tables, skipped, cfg.dataset.max_skipped_fraction)  # after: its error points at skipped.csv
@@ -117,8 +94,44 @@ def run(cfg):
     return estimator.last_values.get(metrics.headline(spec.task))
 
 
-class Estimator:
-    """Trains to a step budget, evaluates on an interval, checkpoints and resumes."""
+def _claim_run_directory(cfg, model_dir):
+    """Takes the run directory's lock, then refuses, before anything is written there, a start that could not go on:
+    an evaluation without a checkpoint, checkpoints none of which can be restored or one that training would
+    overwrite, a trainer.init_checkpoint that cannot be restored."""
+    if run_lock.hold(model_dir):  # exit 2 if another process runs here; only the holder may clean up
+        leftovers.remove(model_dir)
+    if cfg.mode in run_directory.EVALUATION_MODES and not any((model_dir / "checkpoints").glob("ckpt-*.index")):
+        # A directory with no checkpoint must not become a recorded run of this mode.
+        raise ConfigError(f"mode={cfg.mode} needs a checkpoint in {model_dir / 'checkpoints'}; train into that run "
+                          f"directory first (hydra.run.dir=...)")
+    checkpoints.check_before_start(model_dir / "checkpoints", cfg.mode, cfg.trainer.train_steps,
+                                   run_directory.has_hparams(model_dir))
+    warm_start.check(cfg, model_dir / "checkpoints")
+
+
+def _set_precision(dtype):
+    """Keras's global policy for pipeline.dtype. Mixed precision keeps variables, logits and the loss in float32
+    (experiments/trainer.py casts the logits)."""
+    policy = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}[dtype]
+    keras.mixed_precision.set_global_policy(policy)
+    if policy != "float32":
+        log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", dtype, policy)
+
+
+def _index(cfg, task, pipeline, skipped, clock):
+    """The dataset's index tables, with the image files that do not decode and the records damaged TFRecord
+    shards lost listed in `skipped`."""
+    tables = task.index(dataset_root(task, cfg.dataset.root), skipped)
+    clock.lap("index")
+    if cfg.pipeline.verify_images:
+        tables = drop_undecodable(tables, skipped)
+        clock.lap("verify")
+    check_shards(task, tables, pipeline.tfrecord, cfg.mode, skipped)
+    return tables
+
+
+class Estimator(Evaluation):
+    """Trains to a step budget, evaluates on an interval (experiments/evaluation.py), checkpoints and resumes."""
 
     def __init__(self, cfg, task, pipeline, trainer, summaries, model_dir, tables, skipped, context=None, worker=None,
                  clock=None):
@@ -126,10 +139,19 @@ class Estimator:
         `context`: this worker's tf.distribute.InputContext for training input; `worker`: None on the
         chief, a non-chief worker's index, whose files go to a scratch folder; `clock`: the start-up
         clock, whose line train() logs after its first step."""
-        self.cfg, self.task, self.spec, self.pipeline, self.trainer = cfg, task, task.SPEC, pipeline, trainer
-        self.summaries, self.model_dir, self.tables, self.context = summaries, model_dir, tables, context
-        self.skipped, self.reported = skipped, {path for path, _ in skipped.rows}
-        self.chief, self.clock = worker is None, clock or StartupClock()
+        self.cfg = cfg
+        self.task = task
+        self.spec = task.SPEC
+        self.pipeline = pipeline
+        self.trainer = trainer
+        self.summaries = summaries
+        self.model_dir = model_dir
+        self.tables = tables
+        self.context = context
+        self.skipped = skipped
+        self.reported = {path for path, _ in skipped.rows}  # the unreadable files skipped.csv lists already
+        self.chief = worker is None
+        self.clock = clock or StartupClock()
         # Every worker takes part in saving (the variables are synchronised), but only the chief's
         # copy is kept; the others save into a scratch folder and delete it.
         self.checkpoint_dir = model_dir / "checkpoints"
@@ -194,11 +216,16 @@ class Estimator:
             log.info("pipeline.service: checkpoints leave out the input iterator, whose stream the service's workers "
                      "make; a resumed run starts its input stream over")
         checkpoint = trainer.checkpoint(iterator if save_input else None)
-        signature = run_directory.input_signature(cfg, trainer.replicas, save_input)
-        # Resume policy: 1. the run directory's latest checkpoint; 2. otherwise start from scratch.
+        signature = input_record.input_signature(cfg, trainer.replicas, save_input)
+        # Resume policy (experiments/warm_start.py):
+        # 1. the run's own checkpoint, its newest restorable one: all it holds is restored;
+        # 2. else trainer.init_checkpoint: the model variables matching by name and shape; optimizer fresh, step 0;
+        # 3. else scratch: the model as built (model.pretrained's weights where set).
+        # Once the run has its own checkpoint, trainer.init_checkpoint is ignored (logged).
         latest = self._latest_checkpoint()
+        warm_start.start(cfg, trainer.model, latest)
         if latest:
-            known, saved = run_directory.saved_input(self.checkpoint_dir, int(latest.rpartition("-")[2]))
+            known, saved = input_record.saved_input(self.checkpoint_dir, int(latest.rpartition("-")[2]))
             if known and save_input and saved != signature:
                 # A re-entry changed the input pipeline (source, cache, data root or strategy): the saved
                 # iterator does not fit it, so everything else is restored and the input stream starts over.
@@ -208,17 +235,28 @@ class Estimator:
                             latest)
                 trainer.checkpoint().restore(latest).expect_partial()
             else:
-                checkpoint.restore(latest).assert_existing_objects_matched()
+                try:
+                    checkpoint.restore(latest).assert_existing_objects_matched()
+                except tf.errors.OpError as error:
+                    if "DeserializeIterator" not in str(error):
+                        raise
+                    # The saved iterator is another pipeline's, though no record says so (one lost or damaged).
+                    log.warning("The input iterator in %s does not fit this input pipeline (TensorFlow's "
+                                "DeserializeIterator refused it); restoring it without the iterator: the input stream "
+                                "starts over", latest)
+                    iterator = iter(self._input_fn("train", training=True))
+                    checkpoint = trainer.checkpoint(iterator)
+                    trainer.checkpoint().restore(latest).expect_partial()
             log.info("Resumed from %s at global step %d", latest, trainer.step)
             if not save_input:
                 log.warning("The checkpoint holds no input iterator: the input stream starts over at global step %d",
                             trainer.step)
         manager = self._manager(checkpoint, latest)
         if self.chief:
-            run_directory.note_input(self.checkpoint_dir, trainer.step, signature)
+            input_record.note_input(self.checkpoint_dir, trainer.step, signature)
         return iterator, manager
 
-    @_logs_above_the_bar
+    @logs_above_the_bar
     def train(self, evaluate=True):
         cfg, trainer = self.cfg, self.trainer
         iterator, manager = self._resume_training()
@@ -337,84 +375,3 @@ class Estimator:
         log.info("step %d/%d: loss %.4f, %.1f examples/s, input_wait_fraction %.3f, ETA %s", step, target,
                  values["loss"], values["examples_per_sec"], values["input_wait_fraction"],
                  _duration(loops.seconds / loops.steps * max(target - step, 0)))
-
-    def _outputs(self, data, rows, steps=None):
-        """Logits of the first rows of a `rows`-row split, in table order and padding removed; the summed loss;
-        and which of those rows count (weight > 0: a damaged file that was not checked up front has 0)."""
-        logits, weights, total_loss = [], [], 0.0
-        batches = data.take(steps) if steps else data
-        total = int(batches.cardinality())  # negative when unknown
-        iterator = iter(batches)
-        with tqdm(total=total if total >= 0 else None, desc="evaluate", unit="batch", leave=False,
-                  dynamic_ncols=True) as progress:
-            while True:
-                # A signal waits for the batch's end, so it never lands inside TensorFlow's own Python code.
-                with interrupts.deferred():
-                    batch = next(iterator, None)
-                    if batch is None:
-                        break
-                    features, labels, batch_weights = batch
-                    loss, batch_logits = self.trainer.eval_step(features, labels, batch_weights)
-                    total_loss += float(loss)
-                    logits.append(batch_logits.numpy())
-                    weights.append(batch_weights.numpy())
-                    progress.update()
-        seen = min(rows, len(logits) * self.cfg.pipeline.batch_size)  # padding only ever ends the last batch
-        return np.concatenate(logits)[:seen], total_loss, np.concatenate(weights)[:seen] > 0
-
-    @_logs_above_the_bar
-    def evaluate(self, restore=False):
-        """Evaluates on the validation split and writes metrics.json; a fresh iterator each time."""
-        if restore:
-            self._restore_model()
-        step = self.trainer.step
-        table = self.tables[self.eval_split]
-        logits, total_loss, counted = self._outputs(self.eval_data, len(table), self.cfg.trainer.eval_steps)
-        logits, count = logits[counted], int(counted.sum())
-        labels = np.asarray(table.label.tolist()[:len(counted)])[counted]
-        values = {"loss": total_loss / max(count, 1),
-                  **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
-        if count == len(table):
-            values.update(self.task.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
-        self._note_unreadable()  # skipped.csv lists the rows this evaluation could not count
-        with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
-            self.summaries.scalars("validation", values, step)
-            self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
-            if self.chief:
-                write_metrics(self.model_dir, {**values, "global_step": step, "examples": count})
-        self.last_values = values
-        headline = metrics.headline(self.spec.task)
-        log.info("Evaluation at global step %d on %d examples: loss %.4f, %s %.4f", step, count, values["loss"],
-                 headline, values.get(headline, float("nan")))
-        return values
-
-    def predict(self):
-        """Writes predictions.csv, one row per example: the image path(s), a probability per class, the true
-        label(s) where the split has them (`label`, or `label/<class>` per class for multi-label), and the
-        checkpoint's `global_step`."""
-        self._restore_model()
-        split = "test" if "test" in self.tables else self.eval_split
-        table = self.tables[split]
-        # Every worker takes part: the steps are collective.
-        logits, _, counted = self._outputs(self._input_fn(split, training=False), len(table))
-        self._note_unreadable()
-        if not self.chief:
-            return
-        scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
-        scores[~counted] = np.nan  # damaged files that were not checked up front have no prediction
-        columns = [table[path_columns(table)].reset_index(drop=True),
-                   pd.DataFrame(scores, columns=list(self.spec.class_names))]
-        if "label" in table:
-            columns.append(_label_columns(table.label.tolist(), self.spec.class_names))
-        predictions = pd.concat(columns, axis=1)
-        predictions["global_step"] = self.trainer.step
-        predictions.to_csv(self.model_dir / "predictions.csv", index=False)
-        log.info("Wrote %d predictions for the %s split at global step %d to %s", len(predictions), split,
-                 self.trainer.step, self.model_dir / "predictions.csv")
-
-
-def _label_columns(labels, class_names):
-    """The true labels as columns: `label/<class>` per class for a multi-label vector, else one `label`."""
-    if labels and np.ndim(labels[0]) > 0:
-        return pd.DataFrame(np.asarray(labels), columns=[f"label/{name}" for name in class_names])
-    return pd.DataFrame({"label": labels})

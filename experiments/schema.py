@@ -147,7 +147,7 @@ SERVICE = _with_null(Key("grpc://host:port (a port in 1..65535)", _is_service_ad
 IMAGE_SIZE = Key("an integer >= 1 (a square side) or [height, width]",
                  lambda value: integer(1).accepts(value) or integers(1, length=2).accepts(value))
 
-MODES = ("train_and_evaluate", "train", "evaluate", "predict", "export")
+MODES = ("train_and_evaluate", "train", "evaluate", "predict", "export", "continuous_eval")
 
 # One line per key. A new key in conf/ gets its line here, in the table of its group.
 KEYS = {
@@ -158,6 +158,7 @@ KEYS = {
     "pipeline.batch_size": integer(1),
     "pipeline.image_size": IMAGE_SIZE,
     "pipeline.cache": one_of("none", "memory", "disk"),
+    "pipeline.image_table_mb": number(0),
     "pipeline.source": one_of("files", "tfrecord"),
     "pipeline.dtype": one_of("float32", "float16", "bfloat16"),
     "pipeline.augment": FLAG,
@@ -169,6 +170,7 @@ KEYS = {
     "trainer.train_steps": integer(1),
     "trainer.eval_every": integer(1),
     "trainer.eval_steps": integer(1, null="the whole validation split"),
+    "trainer.eval_timeout": number(0, low_open=True, null="wait for the final step however long"),
     "trainer.checkpoint_every": integer(1),
     "trainer.keep_checkpoints": integer(1),
     "trainer.checkpoint_input": FLAG,
@@ -185,6 +187,8 @@ KEYS = {
     "trainer.warmup_steps": integer(0),
     "trainer.decay_steps": integer(1),
     "trainer.decay_rate": number(0, 1, low_open=True),
+    "trainer.init_checkpoint": _with_null(PATH, "no warm start"),
+    "trainer.init_exclude": _with_null(Key("a regular expression", lambda value: isinstance(value, str)), "none"),
 
     "tfrecord.dir": PATH,
     "tfrecord.encoding": one_of("encoded", "raw"),
@@ -214,6 +218,8 @@ OPTION_KEYS = {
     "dataset.fold": integer(0, 9, null="all ten folds"),
 
     "model.batch_norm_momentum": number(0, 1),
+    "model.pretrained": _with_null(Key("imagenet or an existing .h5 file", lambda value: value == "imagenet" or (
+        isinstance(value, str) and value.endswith(".h5") and Path(value).expanduser().is_file())), "from scratch"),
     "model.filters": integers(1, length=5),
     "model.dense_units": integer(1),
     "model.dropout": number(0, 1, high_open=True),
@@ -369,9 +375,12 @@ def _tf_config(cfg, text) -> str | None:
         return f"TF_CONFIG task={show(task)} is not an object with type and index"
     if cluster or task:
         kind, index = task.get("type"), task.get("index", 0)
-        if kind not in cluster:
+        if kind == "evaluator":  # Estimator's evaluator: outside the cluster, it runs mode=continuous_eval
+            if not (_is_int(index) and index == 0):
+                return f"TF_CONFIG task index={show(index)} is not 0, the index of a cluster's one evaluator task"
+        elif kind not in cluster:
             return f"TF_CONFIG task type={show(kind)} is not one of {'|'.join(cluster) or '(an empty cluster)'}"
-        if not _is_int(index) or not 0 <= index < len(cluster[kind]):
+        elif not _is_int(index) or not 0 <= index < len(cluster[kind]):
             return (f"TF_CONFIG task index={show(index)} is not in 0..{len(cluster[kind]) - 1}, the indices of "
                     f"its {len(cluster[kind])} {kind} task(s)")
     count = worker_count(cluster)

@@ -1,19 +1,26 @@
-"""The tf.distribute strategy named by `strategy.name`, and the cluster TF_CONFIG describes."""
+"""The tf.distribute strategy named by `strategy.name`, and the cluster TF_CONFIG describes.
+
+TF_CONFIG's task is read without TensorFlow (`workers`, `task_type`), so the run lock can be taken before it
+starts; TensorFlow is imported where a strategy is made. A task of type `evaluator` (Estimator's evaluator)
+is not one of the cluster's workers: it never joins MultiWorkerMirroredStrategy, takes no worker index, and
+runs mode=continuous_eval on one device (experiments/sidecar.py).
+"""
 import json
 import logging
 import os
-
-import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.experiments import schema
 
 log = logging.getLogger(__name__)
 NAMES = ("auto", "one_device", "mirrored", "multi_worker")
+EVALUATOR = "evaluator"  # TF_CONFIG's task type of the process that evaluates beside the workers
 
 
 def _split_cpu(count):
     """Splits the CPU into `count` logical devices; possible only before TensorFlow initialises them."""
+    import tensorflow as tf
+
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
@@ -22,14 +29,24 @@ def _split_cpu(count):
     return [device.name for device in tf.config.list_logical_devices("CPU")][:count]
 
 
-def make_strategy(strategy_cfg) -> tf.distribute.Strategy:
-    name = strategy_cfg.name
+def one_device():
+    """A OneDeviceStrategy on the first GPU, or on the CPU where there is none."""
+    import tensorflow as tf
+
+    return tf.distribute.OneDeviceStrategy("/gpu:0" if tf.config.list_physical_devices("GPU") else "/cpu:0")
+
+
+def make_strategy(strategy_cfg):
+    """The tf.distribute.Strategy `strategy_cfg` names; one device on TF_CONFIG's evaluator task, whatever it names."""
+    import tensorflow as tf
+
+    name = "one_device" if is_evaluator() else strategy_cfg.name  # an evaluator never joins the cluster
     # Physical listing leaves the runtime uninitialised, so the CPU can still be split below.
     gpus = tf.config.list_physical_devices("GPU")
     if name == "auto":
         strategy = tf.distribute.MirroredStrategy() if len(gpus) > 1 else tf.distribute.get_strategy()
     elif name == "one_device":
-        strategy = tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+        strategy = one_device()
     elif name == "mirrored":
         devices = None if gpus else _split_cpu(strategy_cfg.logical_cpus)
         strategy = tf.distribute.MirroredStrategy(devices)
@@ -50,17 +67,36 @@ def is_chief(strategy) -> bool:
                                                      and "chief" not in resolver.cluster_spec().as_dict())
 
 
-def workers() -> tuple:
-    """(number of training workers, this worker's index) from TF_CONFIG; (1, 0) without it."""
+def _tf_config() -> tuple:
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    cluster, task = config.get("cluster", {}), config.get("task", {})
+    return config.get("cluster", {}), config.get("task", {})
+
+
+def task_type():
+    """TF_CONFIG's task type (`chief`, `worker`, `evaluator`), or None without one."""
+    return _tf_config()[1].get("type")
+
+
+def is_evaluator() -> bool:
+    """Whether TF_CONFIG names this process the cluster's evaluator, which runs mode=continuous_eval."""
+    return task_type() == EVALUATOR
+
+
+def workers() -> tuple:
+    """(number of training workers, this worker's index) from TF_CONFIG; (1, 0) without it. The index is None on
+    the evaluator task, which is none of the workers."""
+    cluster, task = _tf_config()
+    if task.get("type") == EVALUATOR:
+        return max(schema.worker_count(cluster), 1), None
     # MultiWorkerMirroredStrategy counts the chief as worker 0 when there is one.
     index = int(task.get("index", 0)) + (len(cluster.get("chief", [])) if task.get("type") == "worker" else 0)
     return max(schema.worker_count(cluster), 1), index
 
 
-def input_context(strategy) -> tf.distribute.InputContext:
-    """This worker's place among the input pipelines: one per training worker."""
+def input_context(strategy):
+    """This worker's place among the input pipelines (a tf.distribute.InputContext): one per training worker."""
+    import tensorflow as tf
+
     count, index = workers()
     return tf.distribute.InputContext(num_input_pipelines=count, input_pipeline_id=index,
                                       num_replicas_in_sync=strategy.num_replicas_in_sync)

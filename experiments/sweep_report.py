@@ -92,13 +92,13 @@ class SweepReport(Callback):
     def _marks(self, config, run_dir, outcome) -> bool:
         """Whether the job marks the run's session: where it holds an HParams record, from the chief, unless it was
         refused before it changed anything (its record stays as it was); on re-entry (the record was there before)
-        not for a config error (the job did not run) nor for mode=predict (no metric: the row stays as the training
-        left it)."""
+        not for a config error (the job did not run) nor for mode=predict or continuous_eval (the row stays as the
+        training left it: a prediction has no metric, and a sidecar's exit is not the training's)."""
         if not outcome["ran"] or not hparams.has_record(run_dir) or not _chief():
             return False
         if not self._recorded.get(str(run_dir), False):
             return True
-        return outcome["status"] != 2 and config.get("mode") != "predict"
+        return outcome["status"] != 2 and config.get("mode") not in ("predict", "continuous_eval")
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
         run_dir = Path(config.hydra.runtime.output_dir)

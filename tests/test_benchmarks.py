@@ -173,6 +173,26 @@ def test_input_throughput_runs_the_pil_baseline_and_the_pipeline(capsys):
     assert re.search(r"\| a: Python loop \+ PIL, `tf.constant` per batch \| [^|]+ / [^|]+ / \d+\.\d\d \|", out)
 
 
+def test_input_throughput_sets_lfws_image_table_against_its_file_pipeline(capsys):
+    """LFW's row c decodes the pairs' files (pipeline.image_table_mb=0); row f gathers them from the image table."""
+    out = run_benchmark(capsys, "input", "--datasets", "lfw_pairs", "--image-size", "16", "--batch-size", "4",
+                        "--seconds", "0.05", "--rounds", "1", "--quiet-wait", "0", "--only", "c,f")
+    row = r"^\| {} \| {} \| [\d,]+ \| [\d,]+–[\d,]+ \| [\d,]+ \| {} \| [\d,]+ \| {} \| "
+    one = r"1\.00 \(1\.00–1\.00\)"
+    assert re.search(row.format("c", re.escape("input_fn, source=files (decode in tf.data)"), one, one), out,
+                     re.MULTILINE), out
+    assert re.search(row.format("f", "input_fn, cache=memory: pairs gathered from the image table [^|]+", SPREAD,
+                                SPREAD), out, re.MULTILINE), out
+
+
+def test_steps_variants_sets_the_trainer_with_the_image_table_against_the_file_pipeline(capsys):
+    out = run_benchmark(capsys, "steps", "variants", *TINY_LFW, "--steps", "2", "--rounds", "1")
+    assert ("lfw_pairs: model=siamese_cnn batch=4 image_size=24 cache=none, loop 1, step jit_compile=False; rows "
+            "files: pipeline.image_table_mb=0; table: the config as it is, 2 steps per row, 1 rounds") in out, out
+    rows = step_rows(out, {"files": True, "table": True}, "spread")
+    assert rows["files"][1] == "1.000 (1.000–1.000)"  # the base row, against itself
+
+
 def against_rows(out, keys, base):
     row = r"^\| {} \| [^|]+ \| [\d,]+ \([\d,]+–[\d,]+\) \| {} \| [\d,]+ \([\d,]+–[\d,]+\) \| {} \| \d+\.\d\d \| " \
           r"\d+\.\d–\d+\.\d \|$"

@@ -132,21 +132,23 @@ def test_memory_cache_iterators_are_kept_out_of_checkpoints(tmp_path):
     chest, lfw = TASKS["chest_xray"], TASKS["lfw_pairs"]
     assert not caching.checkpointable("memory", chest) and not caching.checkpointable("disk", chest)
     assert caching.checkpointable("none", chest)
-    # LFW's training pairs are drawn and decoded afresh: no cache holds them, so their iterator is saved.
+    # LFW's training pairs are drawn afresh: no cache holds them (a memory cache's images are the image table's,
+    # held outside the iterator, data/image_table.py), so their iterator is saved.
     assert all(caching.checkpointable(kind, lfw) for kind in ("none", "memory", "disk"))
 
 
-def test_lfw_with_a_memory_cache_says_its_training_pairs_are_uncached_and_checkpoints_its_input(tmp_path):
+def test_lfw_with_a_memory_cache_draws_from_the_image_table_and_checkpoints_its_input(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli("dataset=lfw_pairs", "pipeline.cache=memory", "trainer.train_steps=2", "trainer.eval_steps=1",
-                     "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}")
+    result = run_cli("dataset=lfw_pairs", "pipeline.cache=memory", "pipeline.image_table_mb=0", "trainer.train_steps=2",
+                     "trainer.eval_steps=1", "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     log = (run_dir / "run.log").read_text()
-    assert ("lfw_pairs draws its training examples from the image files afresh; pipeline.cache=memory serves its "
-            "evaluation only") in log, log
-    assert "checkpoints leave out the input iterator" not in log, log
+    assert "lfw_pairs: decoded the 459 training images once into a table of 3.2 MB (48x48x3 uint8) in " in log, log
+    assert "Built the train input pipeline: batches of 32, pairs drawn from the image table, cache memory" in log, log
+    assert "serves its evaluation only" not in log and "checkpoints leave out the input iterator" not in log, log
     saved = [name for name, _ in tf.train.list_variables(str(run_dir / "checkpoints"))]
     assert any(name.startswith("input_iterator") for name in saved), saved
+    assert not any("image_table" in name for name in saved), saved  # the table is in no checkpoint
 
 
 @pytest.mark.slow

@@ -1,5 +1,8 @@
 """The LFW pairs module against the real protocol files and JPEGs, and its embedded sample."""
+import glob
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -10,12 +13,15 @@ import tensorflow as tf
 from PIL import Image
 from sklearn.metrics import accuracy_score
 
-from tf_harness.data import lfw_pairs
+from tf_harness.data import image_table, lfw_pairs, unreadable
 from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.image_table import ImageTableRecords
+from tf_harness.data.input_fn import record_source
+from tf_harness.data.sources import SampledRecords
 from tf_harness.data.samples.lfw_pairs import make_sample
 from tf_harness.data.skipped import SkipLog
 from tf_harness.experiments.schema import first_problem
-from tests.conftest import compose, run_cli, task_of
+from tests.conftest import compose, make_input, run_cli, tables_of, task_of
 
 
 def test_real_pairs_txt_is_ten_folds_of_300_same_and_300_different(real):
@@ -192,6 +198,184 @@ def test_sampler_iterator_checkpoint_restores_the_next_element(sample_tables, tm
     expected = [next(iterator)["path_a"].numpy().tolist() for _ in range(3)]
     checkpoint.restore(saved)
     assert [next(iterator)["path_a"].numpy().tolist() for _ in range(3)] == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# The image table: the training images decoded once, pairs drawn by row (data/image_table.py)
+
+
+def test_stateless_uniforms_are_tensorflows_own_draws_bit_for_bit():
+    counters = np.concatenate([np.arange(40), [2**31, 2**32 + 7, 2**62 + 11, 2**63 - 1]])
+    for seed in (0, 42, 42 + 7919 * 3, 2**32 - 1):
+        for count in (4, 3):
+            expected = np.stack([tf.random.stateless_uniform([count], seed=tf.constant([seed, counter], tf.int64),
+                                                             dtype=tf.float64) for counter in counters])
+            np.testing.assert_array_equal(image_table.stateless_uniforms(seed, counters, count).numpy(), expected)
+
+
+def test_batched_draws_are_the_training_pairs_as_rows_of_the_sorted_images(sample_tables):
+    task = task_of(compose("dataset=lfw_pairs"))
+    train = sample_tables["train"].sample(frac=1, random_state=0)  # any order: the draws sort it
+    paths = task.training_images(train).path.to_numpy(dtype=str)
+    for seed in (3, 3 + 7919):
+        drawn = list(task.train_draws(train, seed, 48).take(4).as_numpy_iterator())
+        expected = next(iter(task.train_records(train, seed).batch(4 * 48)))
+        rows = {key: np.concatenate([batch[key] for batch in drawn]) for key in drawn[0]}
+        assert paths[rows["row_a"]].tolist() == [path.decode() for path in expected["path_a"].numpy()]
+        assert paths[rows["row_b"]].tolist() == [path.decode() for path in expected["path_b"].numpy()]
+        assert rows["label"].tolist() == expected["label"].numpy().tolist()
+
+
+def _table_cfg(sample, *overrides):
+    return compose("dataset=lfw_pairs", f"dataset.root={sample}", "pipeline.image_size=16", "pipeline.batch_size=4",
+                   "deterministic=true", *overrides)
+
+
+def _same_batches(first, second):
+    for (features, labels, weights), (other_features, other_labels, other_weights) in zip(first, second, strict=True):
+        np.testing.assert_array_equal(features[0], other_features[0])
+        np.testing.assert_array_equal(features[1], other_features[1])
+        np.testing.assert_array_equal(labels, other_labels)
+        np.testing.assert_array_equal(weights, other_weights)
+
+
+def test_training_batches_are_the_same_with_and_without_the_image_table(sample, caplog):
+    cfg = _table_cfg(sample)
+    table = tables_of(cfg)["train"]
+    with caplog.at_level(logging.INFO, logger="tf_harness.data"):
+        with_table = list(make_input(cfg, table, training=True, split="train").take(12).as_numpy_iterator())
+    assert (f"lfw_pairs: decoded the {len(table)} training images once into a table of 0.4 MB (16x16x3 uint8) in "
+            in caplog.text), caplog.text
+    assert "batches of 4, pairs drawn from the image table" in caplog.text
+    files = list(make_input(_table_cfg(sample, "pipeline.image_table_mb=0"), table, training=True,
+                            split="train").take(12).as_numpy_iterator())
+    _same_batches(with_table, files)
+    assert [labels.mean() for _, labels, _ in with_table] == [0.5] * 12  # balanced, as the draws make them
+    # pipeline.cache=memory asks for the table whatever the budget: the same batches again.
+    cached = make_input(_table_cfg(sample, "pipeline.cache=memory", "pipeline.image_table_mb=0"), table,
+                        training=True, split="train")
+    _same_batches(with_table, list(cached.take(12).as_numpy_iterator()))
+
+
+def _checkpoint_bytes(prefix):
+    return sum(os.path.getsize(path) for path in glob.glob(f"{prefix}*"))
+
+
+def test_an_image_table_iterator_resumes_exactly_and_its_checkpoints_hold_no_table(sample, tmp_path):
+    """The iterator's checkpoint is the counter of draws and the batches prefetched: restored into a pipeline built
+    afresh, as a resumed run builds it, it goes on with the very next batch; and no checkpoint holds the table."""
+    cfg = _table_cfg(sample, "pipeline.image_size=32", "pipeline.batch_size=2")
+    table = tables_of(cfg)["train"]
+    size = image_table.table_bytes(task_of(cfg), len(table))
+    sizes = {}
+    for kind, budget in (("table", 1024), ("files", 0)):
+        cfg.pipeline.image_table_mb = budget
+        iterator = iter(make_input(cfg, table, training=True, split="train"))
+        for _ in range(5):
+            next(iterator)
+        prefix = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / kind / "ckpt"))
+        sizes[kind] = _checkpoint_bytes(prefix)
+        expected = [next(iterator) for _ in range(4)]
+        resumed = iter(make_input(cfg, table, training=True, split="train"))
+        tf.train.Checkpoint(iterator=resumed).restore(prefix).assert_existing_objects_matched()
+        _same_batches([tf.nest.map_structure(np.asarray, batch) for batch in expected],
+                      [tf.nest.map_structure(np.asarray, next(resumed)) for _ in range(4)])
+    assert sizes["table"] < size / 5, (sizes, size)
+    assert sizes["table"] < 2 * sizes["files"], sizes
+
+
+def test_a_table_over_its_budget_is_one_log_line_and_the_pairs_decode_their_files(sample, caplog):
+    cfg = _table_cfg(sample)
+    task, tables = task_of(cfg), tables_of(cfg)
+    table = tables["train"]
+    size = image_table.table_bytes(task, len(table))
+    assert size == len(table) * 16 * 16 * 3
+    with caplog.at_level(logging.INFO, logger="tf_harness.data"):
+        over = record_source(task, table, "train", True, image_table_mb=size / 1e6 - 0.001)
+        off = record_source(task, table, "train", True, image_table_mb=0)
+    assert isinstance(over, SampledRecords) and isinstance(off, SampledRecords)
+    lines = [record.getMessage() for record in caplog.records if "table" in record.getMessage()]
+    assert lines == [f"lfw_pairs: a table of the {len(table)} training images would take 0.4 MB, over "
+                     f"pipeline.image_table_mb={size / 1e6 - 0.001:g}: training pairs decode their image files every "
+                     "step"], lines
+    assert isinstance(record_source(task, table, "train", True, image_table_mb=size / 1e6), ImageTableRecords)
+    assert isinstance(record_source(task, table, "train", True, cache="memory", image_table_mb=0), ImageTableRecords)
+    assert not isinstance(record_source(task, tables["validation"], "validation", False, image_table_mb=1024),
+                          ImageTableRecords)
+
+
+def _damage_inside(path):
+    """A Huffman table claiming more codes than it can hold: libjpeg gives up on any decode of the file, though
+    both its ends are whole (as tests/test_verification.py damages one)."""
+    content = bytearray(path.read_bytes())
+    table_counts = content.index(b"\xff\xc4") + 5
+    content[table_counts:table_counts + 16] = b"\xff" * 16
+    path.write_bytes(bytes(content))
+
+
+def test_images_that_fail_to_decode_are_reported_and_left_out_of_the_table(sample, tmp_path):
+    root = tmp_path / "lfw"
+    shutil.copytree(sample, root)
+    cfg = _table_cfg(root, "pipeline.verify_images=false")
+    task, table = task_of(cfg), tables_of(cfg)["train"]
+    damaged = [Path(table.path.iloc[len(table) // 3]), Path(table.path.iloc[2 * len(table) // 3])]
+    _damage_inside(damaged[0])
+    damaged[1].write_bytes(b"not an image\n")
+    model_dir = tmp_path / "run"
+    source = record_source(task, table, "train", True, image_table_mb=1024, model_dir=model_dir)
+    assert isinstance(source, ImageTableRecords)
+    rows = unreadable.collect(unreadable.report_folder(model_dir), set())  # the rows the runner adds to skipped.csv
+    assert sorted(path for path, _ in rows) == sorted(map(str, damaged))
+    reasons = dict(rows)
+    assert reasons[str(damaged[0])].startswith("undecodable image: damaged inside")
+    assert reasons[str(damaged[1])].startswith("undecodable image: ")
+    # Left out of the table: the pairs are drawn over the images that decoded.
+    assert source.count == len(table) - 2 == len(source.table)
+    assert not set(map(str, damaged)) & set(source.table.path)
+    drawn = next(iter(task.train_draws(source.table, 0, 512)))
+    assert int(tf.reduce_max([drawn["row_a"], drawn["row_b"]])) < source.count
+    features, labels, weights = next(iter(source.batches(0, batch_size=4)))
+    assert features[0].shape == (4, 16, 16, 3) and labels.shape == (4, 1)
+
+
+def test_with_no_image_decoding_there_is_no_table_and_the_file_pipeline_stops_the_run(sample, tmp_path, caplog):
+    cfg = _table_cfg(sample)
+    table = tables_of(cfg)["train"].assign(path=str(tmp_path / "absent.jpg"))
+    with caplog.at_level(logging.WARNING, logger="tf_harness.data"):
+        data = make_input(cfg, table, training=True, split="train")
+    assert f"lfw_pairs: {len(table)} of the {len(table)} training images failed to decode" in caplog.text
+    with pytest.raises(tf.errors.InvalidArgumentError, match=unreadable.FAILED_IN_A_ROW):
+        next(iter(data))
+
+
+def test_a_run_started_before_the_image_table_goes_on_reading_the_files_it_checkpointed(sample, tmp_path, caplog):
+    """The two pipelines' iterators do not restore into each other: a run directory whose saved config predates
+    pipeline.image_table_mb, and whose checkpoints therefore hold the file pipeline's iterator, keeps it."""
+    from omegaconf import OmegaConf
+    cfg = _table_cfg(sample)
+    task, table = task_of(cfg), tables_of(cfg)["train"]
+    saved = OmegaConf.to_container(cfg)
+
+    def run_dir(name, config, checkpoints=True):
+        folder = tmp_path / name
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(config))
+        if checkpoints:
+            (folder / "checkpoints").mkdir()
+            (folder / "checkpoints" / "ckpt-2.index").write_bytes(b"")
+        return folder
+
+    older = {**saved, "pipeline": {key: value for key, value in saved["pipeline"].items() if key != "image_table_mb"}}
+    for model_dir, drawn_from in ((run_dir("today", saved), ImageTableRecords),
+                                  (run_dir("older, not yet checkpointed", older, checkpoints=False), ImageTableRecords),
+                                  (tmp_path / "fresh", ImageTableRecords),
+                                  (run_dir("older", older), SampledRecords)):
+        with caplog.at_level(logging.INFO, logger="tf_harness.data"):
+            caplog.clear()
+            source = record_source(task, table, "train", True, image_table_mb=1024, model_dir=model_dir)
+        assert isinstance(source, drawn_from), model_dir
+    assert ("lfw_pairs: this run started before the image table, and its checkpoints hold the input iterator of "
+            "pairs read from the image files, so it goes on reading them") in caplog.text
 
 
 def test_evaluation_selects_dev_test_or_pairs_folds(sample):

@@ -1,7 +1,10 @@
-"""What a run directory survives: a second process on it, killed saves and generations, signals."""
+"""What a run directory survives: a second process on it, killed saves and generations, signals; and what it never
+does: take a damaged record for a new run, misread a quoted path, trip over a loop in a dataset tree, or print a
+traceback for a signal after its end."""
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -189,3 +192,253 @@ def test_signal_saves_a_checkpoint_and_exits_128_plus_signum(tmp_path, signum, s
     line = next(line for line in stdout.splitlines() if "Interrupted at global step" in line)
     step = int(line.split("Interrupted at global step ")[1].split(";")[0])
     assert step >= 2 and (run_dir / "checkpoints" / f"ckpt-{step}.index").exists()
+
+
+# The run directory never lies: a damaged record, a quoted path, a tree with a loop, a signal after the end.
+
+def hashes(run_dir) -> dict:
+    """{relative path: sha256} of every file under `run_dir` but run.log (which a refusal may append to)."""
+    import hashlib
+    return {path.relative_to(run_dir).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(run_dir.rglob("*")) if path.is_file() and path.name != "run.log"}
+
+
+def recorded_run(run_dir, config="mode: train_and_evaluate\ndataset:\n  name: lfw_pairs\nmodel:\n  name: siamese_cnn\n"):
+    """A run directory as a finished LFW run leaves it, as far as re-entry reads it before TensorFlow starts."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(config)
+    (run_dir / ".hydra" / "hydra.yaml").write_text(
+        "hydra:\n  runtime:\n    choices:\n      dataset: lfw_pairs\n      model: siamese_cnn\n      experiment: smoke\n")
+    (run_dir / ".hydra" / "overrides.yaml").write_text("- dataset=lfw_pairs\n- experiment=smoke\n")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "ckpt-4.index").write_bytes(b"an index")
+    (run_dir / "checkpoints" / "ckpt-4.data-00000-of-00001").write_bytes(b"the tensors")
+    (run_dir / "events.out.tfevents.1.host.2.v2").write_bytes(b"the HParams record")
+    (run_dir / "run.log").write_text("[2026-01-01 00:00:00,000][tf_harness.experiments.cli][ERROR] - run finished, "
+                                     "exit status 0\n")
+    return run_dir
+
+
+@pytest.mark.parametrize("quoted", ["'{}'", '"{}"'])
+def test_a_quoted_run_directory_is_read_as_hydra_reads_it(tmp_path, quoted):
+    from tf_harness.experiments import run_directory
+    run_dir = recorded_run(tmp_path / "a b" / "ü")
+    args = [f"hydra.run.dir={quoted.format(run_dir)}", "mode=evaluate", "dataset.eval_pairs=dev_test"]
+    assert run_directory.run_dir_argument(args) == str(run_dir)
+    assert run_directory.with_saved_choices(args) == ["dataset=lfw_pairs", "model=siamese_cnn", "experiment=smoke",
+                                                      *args]
+    assert run_directory.existing_ancestor(args) == run_dir
+    escaped = [f"hydra.run.dir={tmp_path}/a\\ b/new"]
+    assert run_directory.run_dir_argument(escaped) == f"{tmp_path}/a b/new"
+    assert run_directory.existing_ancestor(escaped) == tmp_path / "a b"
+
+
+def test_an_unreadable_hydra_yaml_composes_the_dataset_and_model_of_the_saved_config(tmp_path):
+    from tf_harness.experiments import run_directory
+    run_dir = recorded_run(tmp_path / "run")
+    (run_dir / ".hydra" / "hydra.yaml").write_bytes(bytes(range(256)))
+    args = [f"hydra.run.dir={run_dir}", "mode=evaluate"]
+    assert run_directory.with_saved_choices(args) == ["dataset=lfw_pairs", "model=siamese_cnn", *args]
+    choices, trouble = run_directory.saved_choices(run_dir)
+    assert choices == {"dataset": "lfw_pairs", "model": "siamese_cnn"} and trouble.startswith("cannot be read")
+
+
+@pytest.mark.parametrize("damage, problem, command", [
+    ("delete", "is missing", "trainer.train_steps=6"),
+    ("delete", "is missing", "mode=evaluate"),
+    ("delete", "is missing", "dataset=chest_xray"),  # composed from conf/, it rewrote the saved config to its own
+    ("delete .hydra", "is missing", "trainer.train_steps=6"),
+    ("", "is empty", "trainer.train_steps=6"),
+    ("pipeline: [a, b\nmodel: {", "is not valid YAML", "mode=evaluate"),
+    (bytes(range(128, 256)), "is not text (not UTF-8)", "trainer.train_steps=6"),
+    ("- a list\n- not a config\n", "does not hold a config", "trainer.train_steps=6"),
+    ("trainer:\n  train_steps: 4\n", "does not hold a run's config (no dataset.name)", "trainer.train_steps=6"),
+])
+def test_a_run_directory_whose_saved_config_is_missing_or_unreadable_is_refused_in_one_line(tmp_path, damage, problem,
+                                                                                            command):
+    run_dir = recorded_run(tmp_path / "run")
+    saved = run_dir / ".hydra" / "config.yaml"
+    if damage == "delete":
+        saved.unlink()
+    elif damage == "delete .hydra":
+        shutil.rmtree(run_dir / ".hydra")
+    else:
+        saved.write_bytes(damage if isinstance(damage, bytes) else damage.encode())
+    before = hashes(run_dir)
+    result = run_cli(f"hydra.run.dir={run_dir}", command, timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {saved} {problem}" + result.stderr.strip().partition(problem)[2]]
+    assert f"but {run_dir} holds a run (checkpoints): it is not started afresh over it" in result.stderr
+    assert hashes(run_dir) == before  # nothing written, .hydra/ above all
+    assert (run_dir / "run.log").read_text().splitlines()[-1].endswith("run failed, exit status 1")
+
+
+def test_a_saved_config_is_not_required_where_no_run_was_recorded(tmp_path):
+    from tf_harness.experiments import run_directory
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)  # a start that failed before it recorded anything
+    assert run_directory.unreadable_record([f"hydra.run.dir={run_dir}"]) is None
+    assert run_directory.unreadable_record([f"hydra.run.dir={tmp_path / 'new'}"]) is None
+    recorded_run(tmp_path / "sweep")
+    (tmp_path / "sweep" / ".hydra" / "config.yaml").unlink()
+    assert run_directory.unreadable_record(["-m", f"hydra.run.dir={tmp_path / 'sweep'}"]) is None
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "cannot be read (JSONDecodeError"),
+    (bytes(range(128, 256)), "cannot be read (UnicodeDecodeError"),
+    (b"[1, 2]", "holds no global_step"),
+    (b'{"global_step": "4"}', "holds no global_step"),
+])
+def test_an_unreadable_metrics_json_is_no_evaluation_and_says_so(tmp_path, caplog, content, problem):
+    from tf_harness.experiments.summaries import evaluated_step
+    (tmp_path / "metrics.json").write_bytes(content)
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.summaries"):
+        assert evaluated_step(tmp_path) is None
+    assert f"{tmp_path / 'metrics.json'} {problem}" in caplog.text
+    (tmp_path / "metrics.json").write_text('{"global_step": 4, "loss": 0.5}')
+    assert evaluated_step(tmp_path) == 4
+
+
+@pytest.mark.parametrize("content, problem", [
+    (bytes(range(128, 256)), "cannot be read (UnicodeDecodeError)"),
+    (b"{}", "does not hold input pipeline records"),
+    (b'[{"after": 0}]', "does not hold input pipeline records"),
+    (b'[{"after_step": "0", "input": null}]', "does not hold input pipeline records"),
+])
+def test_an_unreadable_input_pipeline_record_is_no_record_and_says_so(tmp_path, caplog, content, problem):
+    from tf_harness.experiments import input_record
+    (tmp_path / input_record.INPUT_RECORD).write_bytes(content)
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_directory"):
+        assert input_record.saved_input(tmp_path, 4) == (False, None)
+    assert f"{tmp_path / input_record.INPUT_RECORD} {problem}" in caplog.text
+    input_record.note_input(tmp_path, 4, {"pipeline.source": "files"})  # written again, whole
+    assert input_record.saved_input(tmp_path, 6) == (True, {"pipeline.source": "files"})
+
+
+def test_a_lock_holder_that_exits_leaves_the_lock_file_empty(tmp_path):
+    run_dir = tmp_path / "run"
+    hold = "import sys; from tf_harness.experiments import run_lock; run_lock.hold(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", hold, str(run_dir)], cwd=PROJECT, check=True, timeout=120,
+                   env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+    assert (run_dir / run_lock.LOCK_NAME).read_bytes() == b""
+
+
+def test_checkpoint_files_ahead_of_the_restored_one_refuse_training_before_anything_is_written(tmp_path, caplog):
+    import tensorflow as tf
+    from tf_harness.experiments import checkpoints
+    folder = tmp_path / "checkpoints"
+    variable = tf.Variable([1.0, 2.0])
+    tf.train.Checkpoint(v=variable).write(str(folder / "ckpt-2"))
+    tf.train.Checkpoint(v=variable).write(str(folder / "ckpt-4"))
+    (folder / "ckpt-4.index").unlink()  # its data file stays: a save of step 4 would overwrite it
+    checkpoints.check_before_start(folder, "evaluate", 6)  # evaluation writes no checkpoint
+    checkpoints.check_before_start(folder, "train", 3)  # training stops short of it
+    with pytest.raises(checkpoints.CheckpointAheadError, match=r"ckpt-4\.data-00000-of-00001 is a file of checkpoint "
+                                                               r"ckpt-4, whose index is missing, ahead of global step 2"):
+        checkpoints.check_before_start(folder, "train_and_evaluate", 6)
+    tf.train.Checkpoint(v=variable).write(str(folder / "ckpt-4"))
+    (folder / "ckpt-4.index").write_bytes(b"garbled")
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+        checkpoints.check_before_start(folder, "evaluate", 6)
+        assert "Not restoring" not in caplog.text  # logged once, by the restore itself
+        with pytest.raises(checkpoints.CheckpointAheadError, match="is ahead of global step 2") as refused:
+            checkpoints.check_before_start(folder, "train", 6)
+    assert refused.value.before_start  # the job changed nothing: cli's Outcome.ran is False
+    assert f"Not restoring {folder / 'ckpt-4'}: it cannot be read" in caplog.text  # why, beside the one line
+
+
+def test_a_tree_with_symbolic_link_loops_is_indexed_once_each_loop_skipped_and_logged(tmp_path, caplog):
+    from tf_harness.data import chest_xray, imagenet_det, lfw_pairs
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "x.png").write_bytes(b"png")
+    (root / "a" / "y.JPEG").write_bytes(b"jpeg")
+    (root / "loop").symlink_to("loop")  # a link to itself: following it fails
+    (root / "a" / "up").symlink_to("..")  # a cycle
+    (root / "self").symlink_to(".")
+    with caplog.at_level(logging.WARNING):
+        assert chest_xray.list_tree(root) == ({"x.png": str(root / "a" / "x.png")}, {})
+        assert [row[0] for row in imagenet_det._list_files(root, (".jpeg",), {})] == ["a/y.JPEG"]
+    assert f"Skipped {root / 'loop'}: Too many levels of symbolic links" in caplog.text
+    assert f"Skipped {root / 'self'}: it leads to {root}, listed already" in caplog.text
+    lfw = tmp_path / "lfw"
+    (lfw / "Ann").mkdir(parents=True)
+    (lfw / "Ann" / "Ann_0001.jpg").write_bytes(b"jpeg")
+    (lfw / "loop").symlink_to("loop")
+    (lfw / "Ann" / "up").symlink_to("..")
+    assert lfw_pairs.list_images(lfw) == {("Ann", 1): str(lfw / "Ann" / "Ann_0001.jpg")}
+
+
+@pytest.mark.parametrize("name", ["pairs.txt", "pairsDevTest.txt"])
+def test_a_pairs_file_with_a_byte_order_mark_is_read(tmp_path, name):
+    from tf_harness.data.lfw_pairs import read_pairs
+    path = tmp_path / name
+    path.write_text("1\nAnn\t1\t2\nAnn\t1\tBob\t1\n", encoding="utf-8-sig")
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf")
+    pairs = read_pairs(path)
+    assert pairs[["name_a", "number_a", "name_b", "number_b", "label"]].values.tolist() == [
+        ["Ann", 1, "Ann", 2, 1], ["Ann", 1, "Bob", 1, 0]]
+
+
+@pytest.fixture
+def signals():
+    """Makes SIGINT raise Interrupted in this (main) thread, as a run does; restores Python's handler afterwards."""
+    from tf_harness.experiments import interrupts
+    interrupts.install()
+    yield interrupts
+    interrupts._pending.clear()
+    interrupts._finished = False
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class _SignalsItself:
+    def __del__(self):  # as tqdm's __del__ runs, whenever the collector runs it
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_signal_in_a_finalizer_is_held_and_raised_before_the_outcome_is_logged(signals, capsys):
+    _SignalsItself()  # dropped at once: its __del__ runs here
+    assert "Exception ignored" not in capsys.readouterr().err  # Python would print it, with a traceback, and go on
+    with pytest.raises(signals.Interrupted, match="SIGINT"):
+        signals.raise_held()
+    _SignalsItself()
+    with pytest.raises(signals.Interrupted):
+        with signals.deferred():  # or at the end of the next deferred block
+            pass
+
+
+def test_a_signal_after_the_outcome_is_logged_changes_nothing_until_the_next_job(signals):
+    signals.finished()
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    signals.raise_held()  # held: the status logged stands
+    with pytest.raises(signals.Interrupted, match="SIGINT"):
+        signals.started()  # a sweep's next job stops with it
+
+
+@pytest.mark.slow
+def test_sigint_after_the_run_finished_exits_with_its_logged_status_and_no_traceback(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*TINY, "trainer.train_steps=2", "trainer.eval_steps=1", f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen([sys.executable, "run.py", *args], cwd=PROJECT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    deadline = time.time() + 300
+    log = run_dir / "run.log"
+    while process.poll() is None and time.time() < deadline:
+        if log.is_file() and "run finished, exit status 0" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.005)
+    sent = 0
+    while process.poll() is None:  # Ctrl-C, again and again, until the process is gone: its shutdown included
+        process.send_signal(signal.SIGINT)
+        sent += 1
+        time.sleep(0.01)
+    stderr = process.communicate(timeout=120)[1]
+    assert sent, "the run ended before a signal was sent"
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-3000:]
+    assert log.read_text().splitlines()[-1].endswith("run finished, exit status 0")

@@ -1,5 +1,6 @@
 """The run directory is the source of truth: a re-entry runs its saved config, changed only in run-control keys."""
 import csv
+import shutil
 import time
 
 import pytest
@@ -91,3 +92,19 @@ def test_a_resume_into_another_input_pipeline_restarts_the_input_stream(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     assert "without its input iterator: the input stream starts over" in result.stdout
     assert "at global step 4" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quote", ["'", '"'])
+def test_a_run_directory_named_with_hydras_quoting_reenters_as_unquoted(run_dir, tmp_path, quote):
+    # A path with a space and a non-ASCII character, which Hydra takes only quoted.
+    copy = tmp_path / "a b" / "ü"
+    shutil.copytree(run_dir, copy)
+    before = saved_hydra(copy)
+    result = run_cli(f"hydra.run.dir={quote}{copy}{quote}", "mode=evaluate", "dataset.eval_pairs=dev_test")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert f"Restored {copy}/checkpoints/ckpt-" in result.stdout
+    assert saved_hydra(copy) == before
+    reentry = sorted((copy / ".hydra").glob("reentry-*"))[-1]
+    assert (reentry / "overrides.yaml").read_text().startswith("- dataset=lfw_pairs\n- model=siamese_cnn\n")

@@ -1,0 +1,236 @@
+"""mode=continuous_eval: a sidecar evaluator beside the process that trains a run directory, as Estimator's
+evaluator task was.
+
+`python run.py hydra.run.dir=<run> mode=continuous_eval` (or, under strategy=multi_worker, the process whose
+TF_CONFIG task is `evaluator`) evaluates each new checkpoint of the run while another process trains it:
+
+- it takes no run lock (`.lock`, the trainer's) but the evaluator lock, `.eval-lock`: a second evaluator on the
+  run directory exits 2 with one line naming the holder (experiments/run_lock.py);
+- it logs to `<run>/eval.log`, never into the trainer's `run.log`: it lets go of Hydra's handle on run.log first;
+- it reads checkpoints from their files (experiments/checkpoints.py `on_disk`), every poll (`POLL_SECONDS`), and
+  evaluates the newest one after the last it evaluated whose index and data files are all there and read back
+  whole with finite tensors (`problem`); older new ones are superseded and passed over. A checkpoint whose files
+  are still being written, or that cannot be restored, is looked at again once its files change;
+- each evaluation writes the validation summaries (validation/, PR curves or confusion matrix) and metrics.json
+  (replaced atomically), and logs its step and headline metric; nothing else in the run directory is written:
+  no skipped.csv, no train/ events, no HParams record, no checkpoint;
+- it stops, exit 0, with one line saying why: after evaluating the final step (`trainer.train_steps`, the
+  saved config's unless its command line names one), when metrics.json already holds that step, or after
+  `trainer.eval_timeout` seconds without a new checkpoint to evaluate (null: never).
+
+It evaluates on one device (the first GPU, or the CPU), whatever strategy the run trains with: an evaluator
+task never joins the cluster's MultiWorkerMirroredStrategy. Only a recorded run directory is evaluated from the
+command line (its saved config is what the checkpoints hold); the evaluator task of a cluster runs the workers'
+own command line and may start before the chief has recorded anything.
+
+Nothing TensorFlow-side is imported at module level: `wanted` and `start` (the lock and the log) run before it.
+"""
+import logging
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.skipped import SkipLog
+from tf_harness.experiments import run_directory, run_lock, strategies
+
+log = logging.getLogger(__name__)
+MODE = "continuous_eval"
+LOG_NAME = "eval.log"
+POLL_SECONDS = 1.0  # how often the checkpoint folder is listed while there is nothing new to evaluate
+
+
+def wanted(cfg) -> bool:
+    """Whether this job is the sidecar evaluator: mode=continuous_eval, or TF_CONFIG's evaluator task."""
+    return cfg.mode == MODE or strategies.is_evaluator()
+
+
+def start(cfg, model_dir) -> None:
+    """Before anything is written: leaves the trainer's run.log, refuses a directory no run has recorded (from the
+    command line), takes the evaluator lock (ConfigError naming its holder) and logs to eval.log from then on."""
+    model_dir = Path(model_dir)
+    if run_lock.held(model_dir, run_lock.EVAL_LOCK_NAME):  # this job started already
+        return
+    left = run_lock.leave_job_log(model_dir)  # Hydra opened run.log for this job: the trainer's log
+    if not strategies.is_evaluator() and run_directory.subdir(model_dir) == ".hydra":
+        raise ConfigError(f"mode={MODE} evaluates a run that a training process has recorded, and {model_dir} "
+                          f"holds none (no saved config with an HParams record or checkpoint); start it once the "
+                          f"trainer has written its first checkpoint, with hydra.run.dir=<the trainer's run directory>")
+    run_lock.hold_evaluator(model_dir)
+    if left:  # where Hydra's job logging writes a file, the sidecar's goes to eval.log, formatted alike
+        handler = logging.FileHandler(model_dir / LOG_NAME)
+        handler.setFormatter(left[0].formatter)
+        handler.setLevel(left[0].level)
+        logging.getLogger().addHandler(handler)
+
+
+def run(cfg, model_dir, estimator_class):
+    """Runs mode=continuous_eval in `model_dir` with the runner's Estimator class; returns the headline metric of
+    the last evaluation (None when there was none)."""
+    from tf_harness.experiments import metrics
+    from tf_harness.experiments.summaries import evaluated_step
+
+    model_dir = Path(model_dir)
+    start(cfg, model_dir)
+    if cfg.mode != MODE:
+        log.info("TF_CONFIG's task is the evaluator: mode=%s, beside the cluster's workers", MODE)
+    log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    log.info("Run directory: %s; mode=%s logs to %s, run.log is the trainer's", model_dir, MODE, LOG_NAME)
+    estimator = _estimator(cfg, model_dir, estimator_class)
+    watch = Watch(model_dir / "checkpoints", cfg.trainer.train_steps, cfg.trainer.eval_timeout,
+                  evaluated=evaluated_step(model_dir))
+    log.info("%s", watch.run(lambda path, step: _evaluate(estimator, path, step)))
+    return estimator.last_values.get(metrics.headline(estimator.spec.task))
+
+
+def _estimator(cfg, model_dir, estimator_class):
+    """The runner's Estimator over the validation split, on one device, writing validation/ and metrics.json only."""
+    import keras
+    import tensorflow as tf
+
+    from tf_harness.data import task_from_config
+    from tf_harness.data.input_fn import Pipeline
+    from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
+    from tf_harness.data.tfrecords.reader import check_shards
+    from tf_harness.experiments.trainer import Trainer
+
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(cfg.seed)
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    policy = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}[cfg.pipeline.dtype]
+    keras.mixed_precision.set_global_policy(policy)
+    task, pipeline, skipped = task_from_config(cfg), Pipeline.from_config(cfg), _Unwritten()
+    tables = task.index(dataset_root(task, cfg.dataset.root), skipped)
+    if cfg.pipeline.verify_images:
+        tables = drop_undecodable(tables, skipped)
+    check_shards(task, tables, pipeline.tfrecord, "evaluate", skipped)  # the validation split's shards
+    check_skipped(tables, skipped, cfg.dataset.max_skipped_fraction)
+    strategy = strategies.one_device()
+    log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
+    trainer = Trainer(cfg, task.SPEC, strategy, task.decode.size)
+    return estimator_class(cfg, task, pipeline, trainer, _validation_summaries(model_dir), model_dir, tables, skipped)
+
+
+def _validation_summaries(model_dir):
+    """The run's Summaries writing validation/ alone: train/ and the HParams record are the trainer's."""
+    import tensorflow as tf
+
+    from tf_harness.experiments.summaries import Summaries
+
+    summaries = Summaries(str(model_dir), enabled=False)  # no-op writers, no event file
+    summaries.enabled = True
+    summaries.writers["validation"] = tf.summary.create_file_writer(str(Path(model_dir) / "validation"))
+    return summaries
+
+
+class _Unwritten(SkipLog):
+    """The sidecar's record of the examples left out, never written: skipped.csv is the trainer's (two writers
+    would race on its temporary file), and the trainer lists the files this process finds unreadable too."""
+
+    def write(self, path):
+        pass
+
+
+def _evaluate(estimator, path, step):
+    """Restores the checkpoint at `path` (global `step`) and evaluates it; None, or why it could not be restored."""
+    import tensorflow as tf
+
+    try:
+        estimator.trainer.checkpoint().restore(str(path)).expect_partial()
+    except (tf.errors.OpError, ValueError) as error:  # deleted by the trainer's keep_checkpoints, say
+        return f"it could not be restored ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})"
+    if estimator.trainer.step != step:
+        return f"it holds global step {estimator.trainer.step}, not {step}"
+    log.info("Restored %s (global step %d)", path, step)
+    estimator.evaluate()
+    return None
+
+
+class Watch:
+    """Which checkpoint to evaluate next, and when to stop (the module's docstring)."""
+
+    def __init__(self, checkpoint_dir, final_step, timeout, evaluated=None, poll=POLL_SECONDS, clock=time.monotonic,
+                 sleep=time.sleep):
+        """`final_step`: trainer.train_steps; `timeout`: trainer.eval_timeout (None: none); `evaluated`: the global
+        step already evaluated (metrics.json's), None for none."""
+        self.checkpoint_dir, self.final_step, self.timeout = Path(checkpoint_dir), final_step, timeout
+        self.last, self.poll, self.clock, self.sleep = evaluated, poll, clock, sleep
+        self._verdicts = {}  # step: (its files' names, sizes and mtimes, why it may not be evaluated, or None)
+
+    def run(self, evaluate) -> str:
+        """Evaluates with `evaluate(path, step)` (None, or why it failed) until it stops; returns why it stopped."""
+        since = self.clock()
+        while True:
+            chosen = self._newest()
+            if chosen is None and self.last is not None and self.last >= self.final_step:  # so it started
+                return (f"The final step {self.last} (trainer.train_steps={self.final_step}) is evaluated already "
+                        f"(metrics.json); stopping")
+            if chosen is not None:
+                step, path = chosen
+                failed = evaluate(path, step)
+                if failed is None:
+                    self.last, since = step, self.clock()
+                    if step >= self.final_step:
+                        return f"Evaluated the final step {step} (trainer.train_steps={self.final_step}); stopping"
+                else:
+                    self._refuse(step, path, failed)
+                continue
+            waited = self.clock() - since
+            if self.timeout is not None and waited >= self.timeout:
+                return self._timed_out()
+            self.sleep(self.poll if self.timeout is None else min(self.poll, self.timeout - waited))
+
+    def _newest(self):
+        """(step, path) of the newest checkpoint after the last evaluated one that may be evaluated; None if none."""
+        from tf_harness.experiments import checkpoints
+
+        found = checkpoints.on_disk(self.checkpoint_dir)
+        newer = [step for step in found if self.last is None or step > self.last]
+        for step in reversed(newer):
+            if self._verdict(step, found[step]) is None:
+                passed = [f"ckpt-{n}" for n in newer if n < step and self._verdicts.get(n, (None, None))[1] is None]
+                if passed:
+                    log.info("Passing over %s, superseded by ckpt-%d", ", ".join(passed), step)
+                return step, found[step]
+        return None
+
+    def _verdict(self, step, path):
+        """Why the checkpoint may not be evaluated (checkpoints.problem), or None; read again when its files change."""
+        from tf_harness.experiments import checkpoints
+
+        files = _files(path)
+        known = self._verdicts.get(step)
+        if known is not None and known[0] == files:
+            return known[1]
+        missing = checkpoints.missing_files(path)  # files still missing: a save in progress, nothing to say yet
+        reason = missing or checkpoints.problem(path)
+        if reason is not None and missing is None:
+            log.warning("Not evaluating %s: %s; looked at again if its files change", path, reason)
+        self._verdicts[step] = (files, reason)
+        return reason
+
+    def _refuse(self, step, path, reason):
+        log.warning("Not evaluating %s: %s; looked at again if its files change", path, reason)
+        self._verdicts[step] = (_files(path), reason)
+
+    def _timed_out(self) -> str:
+        last = "none yet" if self.last is None else f"global step {self.last}"
+        pending = [f"ckpt-{step}: {reason}" for step, (_, reason) in sorted(self._verdicts.items())
+                   if reason is not None and (self.last is None or step > self.last)]
+        return (f"No new checkpoint to evaluate in {self.checkpoint_dir} for {self.timeout:g} s "
+                f"(trainer.eval_timeout); evaluated last: {last} of trainer.train_steps={self.final_step}"
+                f"{' (not evaluable: ' + '; '.join(pending) + ')' if pending else ''}; stopping")
+
+
+def _files(path) -> tuple:
+    """The names, sizes and modification times of the checkpoint files at `path` (a prefix such as .../ckpt-6)."""
+    path, files = Path(path), []
+    for file in sorted(path.parent.glob(f"{path.name}.*")):
+        try:
+            stat = file.stat()
+        except OSError:  # deleted meanwhile
+            continue
+        files.append((file.name, stat.st_size, stat.st_mtime_ns))
+    return tuple(files)

@@ -1,0 +1,101 @@
+"""ResNet-v2 from scratch or from pretrained weights (model.pretrained): a weights file is loaded into the backbone,
+grayscale is repeated to the weights' three channels, and ImageNet weights that cannot be downloaded are one line."""
+import re
+import time
+
+import keras
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import compose, run_cli
+from tf_harness.data import chest_xray, imagenet_det
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.preprocessing import Preprocessing
+from tf_harness.experiments import schema
+from tf_harness.models import BUILDERS, resnet_v2
+
+SIZE = (32, 32)  # the smallest keras.applications allows with pretrained weights
+
+
+def _config(pretrained=None):
+    return OmegaConf.create({"name": "resnet_v2_50", "inputs": "single", "batch_norm_momentum": 0.9,
+                             "pretrained": pretrained})
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory):
+    """A ResNet-v2-50 backbone's weights, written as keras.applications builds it (3 channels, no top), and its
+    values by variable name."""
+    keras.utils.set_random_seed(1)
+    backbone = keras.applications.ResNet50V2(include_top=False, weights=None, input_shape=(*SIZE, 3), pooling="avg")
+    path = tmp_path_factory.mktemp("weights") / "backbone.weights.h5"
+    backbone.save_weights(str(path))
+    return path, {variable.path: variable.numpy() for variable in backbone.variables}
+
+
+def _backbone(model):
+    return next(layer for layer in model.layers if isinstance(layer, keras.Model))
+
+
+@pytest.mark.parametrize("spec", [chest_xray.SPEC, imagenet_det.SPEC], ids=["grayscale", "rgb"])
+def test_a_weights_file_is_loaded_into_the_backbone(weights_file, spec):
+    path, saved = weights_file
+    keras.utils.set_random_seed(2)  # other initial values than the file's
+    model = BUILDERS["resnet_v2_50"](_config(str(path)), spec, SIZE)
+    assert model.input_shape == (None, *SIZE, spec.channels) and model.output_shape == (None, spec.num_outputs)
+    # A grayscale image goes to the backbone as three equal channels; an RGB one as it is.
+    assert ("gray_to_rgb" in [layer.name for layer in model.layers]) == (spec.channels == 1)
+    loaded = {variable.path: variable.numpy() for variable in _backbone(model).variables}
+    assert loaded.keys() == saved.keys()
+    different = [name for name in saved if not np.array_equal(saved[name], loaded[name])]
+    assert not different, different[:5]
+    images = np.random.default_rng(0).uniform(-1, 1, (2, *SIZE, spec.channels)).astype("float32")
+    assert model(images).shape == (2, spec.num_outputs)
+
+
+def test_from_scratch_the_model_is_as_before(weights_file):
+    model = BUILDERS["resnet_v2_50"](_config(None), chest_xray.SPEC, SIZE)
+    assert model.input_shape == (None, *SIZE, 1) and not any(isinstance(layer, keras.Model) for layer in model.layers)
+    assert model.get_layer("conv1_conv").kernel.shape == (7, 7, 1, 64)
+
+
+def test_weights_for_other_channels_are_a_config_error(tmp_path):
+    backbone = keras.applications.ResNet50V2(include_top=False, weights=None, input_shape=(*SIZE, 1), pooling="avg")
+    backbone.save_weights(str(tmp_path / "gray.weights.h5"))
+    assert resnet_v2.weights_channels(tmp_path / "gray.weights.h5") == 1
+    with pytest.raises(ConfigError, match=r"holds weights for 1-channel images and the dataset's have 3"):
+        resnet_v2.build(_config(str(tmp_path / "gray.weights.h5")), imagenet_det.SPEC, SIZE)
+
+
+def test_unit_range_is_the_normalisation_the_weights_expect():
+    """keras.applications.resnet_v2.preprocess_input scales to [-1, 1]: dataset.normalize=unit_range does the same."""
+    images = np.arange(256, dtype="uint8").reshape(1, 16, 16, 1).repeat(3, axis=-1)
+    ours = Preprocessing(augment=False, flip=False, normalize="unit_range", seed=0)(images, training=False)
+    theirs = keras.applications.resnet_v2.preprocess_input(images.astype("float32"))
+    np.testing.assert_allclose(ours.numpy(), theirs, atol=1e-6)
+
+
+def test_the_key_is_typed_and_a_missing_file_fails_before_tensorflow_starts(tmp_path):
+    assert "model.pretrained" in schema.model_keys("resnet_v2_152") and \
+        "model.pretrained" not in schema.model_keys("semi_alexnet")
+    assert schema.first_problem(compose("dataset=chest_xray", "model.pretrained=imagenet"), {}) is None
+    problem = schema.first_problem(compose("dataset=chest_xray", f"model.pretrained={tmp_path}/none.weights.h5"), {})
+    assert problem == f"model.pretrained={tmp_path}/none.weights.h5 is not imagenet or an existing .h5 file, or null " \
+                      f"(from scratch)"
+
+
+def test_imagenet_weights_that_cannot_be_downloaded_are_one_line_naming_the_file(tmp_path):
+    # No network: a proxy that refuses, so the download fails at once whatever this machine can reach.
+    unreachable = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": "",
+                   "NO_PROXY": "", "KERAS_HOME": str(tmp_path / "keras")}
+    started = time.monotonic()
+    result = run_cli("dataset=chest_xray", "model=resnet_v2_50", "model.pretrained=imagenet", "pipeline.image_size=32",
+                     "trainer.train_steps=1", f"hydra.run.dir={tmp_path / 'run'}", env=unreachable)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    cached = tmp_path / "keras" / "models" / "resnet50v2_weights_tf_dim_ordering_tf_kernels_notop.h5"
+    assert re.fullmatch(rf"config error: model.pretrained=imagenet: Keras could not download https://\S+/{cached.name} "
+                        rf"\(.+\); put that file at {re.escape(str(cached))}", line), line
+    assert time.monotonic() - started < 120

@@ -48,6 +48,7 @@ def run(cfg):
     if sidecar.wanted(cfg):  # mode=continuous_eval or TF_CONFIG's evaluator: beside the trainer, its own lock and log
         return sidecar.run(cfg, model_dir, Estimator)
     _claim_run_directory(cfg, model_dir)
+    xla_cache.report()
     log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     log.info("Run directory: %s", model_dir)
     # Multirun jobs share this process: start each from a clean Keras state.

@@ -31,6 +31,7 @@ _LOCK = ".lock"
 _private = None  # this process's folder, once enabled
 _shared = None
 _lock_fd = None
+_note = []  # what `report` logs
 
 
 def _version() -> str:
@@ -69,7 +70,7 @@ def enable(cache_home) -> Path | None:
         return _shared
     flags = os.environ.get("TF_XLA_FLAGS", "")
     if FLAG in flags:
-        log.info("TF_XLA_FLAGS names its own XLA cache folder; using it as it is")
+        _note.append("TF_XLA_FLAGS names its own XLA cache folder; using it as it is")
         return None
     shared = folder(cache_home)
     shared.mkdir(parents=True, exist_ok=True)
@@ -93,8 +94,16 @@ def enable(cache_home) -> Path | None:
     os.environ["TF_XLA_FLAGS"] = f"{flags} {FLAG}={private} --tf_xla_persistent_cache_prefix={prefix}".strip()
     _private, _shared = private, shared
     atexit.register(_close)
-    log.info("XLA programs are cached in %s (%d there already)", shared, seeded)
+    _note.append(f"XLA programs are cached in {shared} ({seeded} there already)")
     return shared
+
+
+def report() -> None:
+    """Logs where the compiled programs are kept, once. It waits for the run to hold its directory: `enable` runs
+    before Hydra's job log is known to be this process's to write (a start refused as a second trainer writes
+    nothing into the live run's run.log)."""
+    while _note:
+        log.info(_note.pop(0))
 
 
 def publish() -> int:

@@ -5,28 +5,18 @@ summaries of an evaluation (metrics.json), and predictions.csv.
 runner's loop calls `evaluate` on its interval, mode=evaluate and the sidecar evaluator (experiments/sidecar.py)
 call it on a restored checkpoint, and mode=predict calls `predict`.
 """
-import functools
 import logging
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data.tables import path_columns
 from tf_harness.experiments import interrupts, metrics
+from tf_harness.experiments.progress import logs_above_the_bar
 from tf_harness.experiments.summaries import write_metrics
 
 log = logging.getLogger(__name__)
-
-
-def logs_above_the_bar(method):
-    """Log lines printed while `method` runs go above its tqdm bar instead of through it; run.log is untouched."""
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        with logging_redirect_tqdm():
-            return method(*args, **kwargs)
-    return wrapper
 
 
 class Evaluation:

@@ -24,7 +24,8 @@ from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
 from tf_harness.experiments import (checkpoints, export, input_record, interrupts, leftovers, metrics, review,
                                     run_directory, run_lock, sidecar, strategies, warm_start, xla_cache)
-from tf_harness.experiments.evaluation import Evaluation, logs_above_the_bar
+from tf_harness.experiments.evaluation import Evaluation
+from tf_harness.experiments.progress import logs_above_the_bar
 from tf_harness.experiments.startup import StartupClock
 from tf_harness.experiments.summaries import Summaries, evaluated_step
 from tf_harness.experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length

@@ -20,6 +20,7 @@ from sklearn.model_selection import GroupShuffleSplit
 
 from tf_harness.data import pickle_cache
 from tf_harness.data.errors import DatasetError
+from tf_harness.data.folders import is_folder
 from tf_harness.data.samples import cache_home
 from tf_harness.data.samples.chest_xray import make_sample
 from tf_harness.data.skipped import SkipLog
@@ -63,7 +64,7 @@ def list_tree(root: Path):
                 name = entry.name
                 if name.endswith(".png"):
                     images.setdefault(name, entry.path)
-                elif _is_folder(entry):
+                elif is_folder(entry):
                     folders.append(entry.path)
                 elif name.endswith(".csv") and (name.startswith("Data_Entry_2017") or name.startswith("sample_labels")):
                     metadata.setdefault(name, Path(entry.path))
@@ -72,16 +73,6 @@ def list_tree(root: Path):
 
     walk(str(root))
     return images, metadata
-
-
-def _is_folder(entry) -> bool:
-    """Whether a scandir entry is a folder, following a symbolic link; one that cannot be followed (a link to
-    itself, a loop too deep) is logged and taken as no folder."""
-    try:
-        return entry.is_dir()
-    except OSError as error:
-        log.warning("Skipped %s: %s", entry.path, error.strerror)
-        return False
 
 
 def find_metadata(root: Path, found: dict) -> Path:

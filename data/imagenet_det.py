@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from tf_harness.data import pickle_cache
 from tf_harness.data.errors import DatasetError
+from tf_harness.data.folders import is_folder
 from tf_harness.data.samples import cache_home
 from tf_harness.data.samples.imagenet_det import make_sample
 from tf_harness.data.spec import DatasetSpec
@@ -144,22 +145,12 @@ def _list_files(top: Path, suffixes, folders: dict) -> list:
         seen.add((stat.st_dev, stat.st_ino))
         with os.scandir(folder) as entries:
             for entry in entries:
-                if _is_folder(entry):
+                if is_folder(entry):
                     pending.append(entry.path)
                 elif entry.name.lower().endswith(suffixes):
                     stat = entry.stat()
                     found.append((os.path.relpath(entry.path, top), stat.st_size, stat.st_mtime_ns))
     return sorted(found)
-
-
-def _is_folder(entry) -> bool:
-    """Whether a scandir entry is a folder, following a symbolic link; one that cannot be followed (a link to
-    itself, a loop too deep) is logged and taken as no folder."""
-    try:
-        return entry.is_dir()
-    except OSError as error:
-        log.warning("Skipped %s: %s", entry.path, error.strerror)
-        return False
 
 
 def _folders_file(ilsvrc: Path) -> Path:

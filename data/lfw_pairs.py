@@ -21,6 +21,7 @@ import tensorflow as tf
 from sklearn.metrics import roc_curve
 
 from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.folders import is_folder
 from tf_harness.data.image_table import stateless_uniforms
 from tf_harness.data.samples.lfw_pairs import make_sample
 from tf_harness.data.spec import DatasetSpec
@@ -51,11 +52,7 @@ def list_images(folder: Path) -> dict:
     """Maps (name, image number) to the file path, for every ``<Name>/<Name>_NNNN.jpg`` in `folder`."""
     found = {}
     for person in os.scandir(folder):
-        try:
-            if not person.is_dir():
-                continue
-        except OSError as error:  # a symbolic link that cannot be followed (to itself, a loop): skipped, and logged
-            log.warning("Skipped %s: %s", person.path, error.strerror)
+        if not is_folder(person):  # a symbolic link that cannot be followed (to itself, a loop) is logged
             continue
         for entry in os.scandir(person.path):
             match = _IMAGE_NAME.fullmatch(entry.name)

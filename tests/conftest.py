@@ -1,6 +1,7 @@
 """Shared test set-up: a private cache folder, the real fixtures and config composition."""
 import os
 import subprocess
+from contextlib import contextmanager
 import sys
 from pathlib import Path
 
@@ -98,3 +99,23 @@ def read_shards(cfg, split, training, seed=0, table=None, context=None):
     from tf_harness.data.tfrecords.reader import TFRecordRecords
     source = TFRecordRecords(task_of(cfg), table, split, training, TFRecordSettings.from_config(cfg))
     return source.records(seed, context).map(source.load)
+
+
+# A child process that holds a run directory's run lock, evaluator lock or both, until killed.
+_HOLD = ("import sys, time; from tf_harness.experiments import run_lock\n"
+         "for name in sys.argv[2].split(','):\n"
+         "    run_lock.hold(sys.argv[1]) if name == 'run' else run_lock.hold_evaluator(sys.argv[1])\n"
+         "print('held', flush=True); time.sleep(600)")
+
+
+@contextmanager
+def lock_holder(run_dir, locks="run"):
+    """A child process holding `run_dir`'s locks (`run`, `evaluator` or both, comma-separated); killed on exit."""
+    process = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir), locks], cwd=PROJECT, stdout=subprocess.PIPE,
+                               text=True, env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+    try:
+        assert process.stdout.readline().strip() == "held"
+        yield process
+    finally:
+        process.kill()
+        process.wait()

@@ -8,35 +8,15 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 
 import pytest
 from omegaconf import OmegaConf
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.experiments import run_lock, schema, sidecar, strategies
-from tests.conftest import PROJECT, compose, event_tags, run_cli
+from tests.conftest import PROJECT, compose, event_tags, lock_holder, run_cli
 
 # A process that takes a run directory's locks through run_lock's own API and keeps them: argv[2] names which.
-HOLD = ("import sys, time; from tf_harness.experiments import run_lock\n"
-        "for name in sys.argv[2].split(','):\n"
-        "    run_lock.hold(sys.argv[1]) if name == 'run' else run_lock.hold_evaluator(sys.argv[1])\n"
-        "print('held', flush=True); time.sleep(600)")
-
-
-@contextmanager
-def lock_holder(run_dir, locks="evaluator"):
-    """A child process holding `run_dir`'s locks (`run`, `evaluator` or both, comma-separated); killed on exit."""
-    process = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir), locks], cwd=PROJECT, stdout=subprocess.PIPE,
-                               text=True, env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
-    try:
-        assert process.stdout.readline().strip() == "held"
-        yield process
-    finally:
-        process.kill()
-        process.wait()
-
-
 @pytest.fixture
 def released():
     """Lets go of any lock a test took in this process."""
@@ -162,7 +142,7 @@ def test_a_second_evaluator_is_refused_naming_the_holder_and_writes_nothing_into
     handler = logging.FileHandler(log_file)  # as Hydra's job logging opens run.log for the job
     logging.getLogger().addHandler(handler)
     try:
-        with lock_holder(run_dir) as holder:
+        with lock_holder(run_dir, "evaluator") as holder:
             with pytest.raises(ConfigError) as refused:
                 run_lock.hold_evaluator(run_dir)
             assert str(refused.value) == (

@@ -10,33 +10,17 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 
 import pytest
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.samples import sample_root, staging
 from tf_harness.experiments import leftovers, run_lock
-from tests.conftest import PROJECT, run_cli
+from tests.conftest import PROJECT, lock_holder, run_cli
 
 # A process that takes a run directory's lock through the runner's own API and keeps it.
-HOLD = ("import sys, time; from tf_harness.experiments import run_lock; run_lock.hold(sys.argv[1]); "
-        "print('held', flush=True); time.sleep(600)")
 # A lfw_pairs run small enough to start training within seconds (the siamese CNN traces fast).
 TINY = ("dataset=lfw_pairs", "experiment=smoke", "trainer.log_every=1")
-
-
-@contextmanager
-def lock_holder(run_dir):
-    """A child process holding `run_dir`'s lock; killed on exit."""
-    process = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], cwd=PROJECT, stdout=subprocess.PIPE,
-                               text=True, env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
-    try:
-        assert process.stdout.readline().strip() == "held"
-        yield process
-    finally:
-        process.kill()
-        process.wait()
 
 
 def dead_pid() -> int:

@@ -4,13 +4,15 @@ Every element is ``(features, labels, weights)`` with a static batch dimension;
 features are uint8 images, which the traced steps augment and normalise on the
 device (data/preprocessing.py). Training batches drop the remainder; evaluation
 pads its last batch and gives the padding weight 0, so evaluation sees every
-example exactly once, train and validation share one ``element_spec``, and each
-step function is traced once.
+example exactly once (every example of its sample, for a partial evaluation:
+data/evaluation_sample.py), train and validation share one ``element_spec``, and
+each step function is traced once.
 """
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from tf_harness.data import caching, service, unreadable
@@ -182,13 +184,25 @@ def _numbered_first_epoch_guarded(data, load, guard, first_epoch):
     return unreadable.drop_failed(loaded.ignore_errors(log_warning=True), first_epoch)
 
 
-def _batches(task, table, source, pipeline, split, training, context, model_dir, batch_size):
-    """The records of `source` loaded and batched: this worker's share, shuffled for training, decoded and
-    resized, cached where `pipeline.cache` applies, in batches of `batch_size`."""
+def _sampled(records, rows, count):
+    """Of `count` records in table order, those of the table rows `rows`, picked in the graph by their position
+    before anything is decoded; the same for every source (row numbers, TFRecord shards)."""
+    keep = tf.constant(np.isin(np.arange(count), rows))
+    picked = records.enumerate().filter(
+        tf.autograph.experimental.do_not_convert(lambda position, record: tf.gather(keep, position)))
+    return picked.map(tf.autograph.experimental.do_not_convert(lambda position, record: record))
+
+
+def _batches(task, table, source, pipeline, split, training, context, model_dir, batch_size, rows=None):
+    """The records of `source` loaded and batched: this worker's share (in evaluation, only `rows` where given),
+    shuffled for training, decoded and resized, cached where `pipeline.cache` applies, in batches of `batch_size`."""
     cached = caching.applies(pipeline.cache, drawn=source.endless)
 
     # This worker's share of the cheap records (paths and labels, or serialized examples).
     data = source.records(pipeline.seed, context)
+    if rows is not None:
+        data = _sampled(data, rows, len(table))
+        table = table.iloc[rows]  # the rows read: what a cache of them holds
     first_epoch = None
     if training and not source.endless and not cached:
         data, first_epoch = _shuffled_records(source, data, pipeline, context)
@@ -206,7 +220,8 @@ def _batches(task, table, source, pipeline, split, training, context, model_dir,
     return data.batch(batch_size).map(pad_batch(batch_size))
 
 
-def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None) -> tf.data.Dataset:
+def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, model_dir=None,
+             rows=None) -> tf.data.Dataset:
     """Builds the pipeline of one split, in this order: source, shard, shuffle, load, cache, batch, prefetch.
 
     Args:
@@ -219,6 +234,8 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
             training split; evaluation is not split.
         model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files and image files that
             fail to decode are reported (data/unreadable.py).
+        rows: evaluation only: the row numbers of `table` to read, ascending, a partial evaluation's sample
+            (data/evaluation_sample.py); None: every row.
     """
     # No image table under a tf.data service: its workers run the pipeline, and the table lives in this process.
     source = record_source(task, table, split, training, pipeline.tfrecord, pipeline.cache,
@@ -235,7 +252,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         # Whole batches of drawn pairs, their images gathered from the training images decoded once.
         data = source.batches(pipeline.seed, context, batch_size)
     else:
-        data = _batches(task, table, source, pipeline, split, training, context, model_dir, batch_size)
+        data = _batches(task, table, source, pipeline, split, training, context, model_dir, batch_size, rows)
     options = tf.data.Options()
     # Training may take whichever image decodes first; evaluation keeps table order, which
     # predictions.csv and the protocol metrics rely on.
@@ -252,7 +269,8 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         # Evaluation stays local: the service neither keeps table order nor promises every example once.
         data = service.distribute(data, pipeline.service)
     order = ("pairs drawn from the image table" if isinstance(source, ImageTableRecords) else
-             "shuffled and repeated" if training else "each example once, in table order")
+             "shuffled and repeated" if training else "each example once, in table order" if rows is None else
+             f"a sample of {len(rows)} of its {len(table)} examples, each once, in table order")
     log.info("Built the %s input pipeline: batches of %d, %s, cache %s", split, batch_size, order, pipeline.cache)
     # Overlap input with the model step.
     return data.prefetch(AUTOTUNE)

@@ -55,10 +55,10 @@ def _one_line(error) -> str:
     return " ".join(lines)
 
 
-def _to_run_log(*lines) -> None:
+def _to_run_log(*lines, level=logging.ERROR) -> None:
     """Writes `lines` to the job's log file (Hydra's run.log) alone: the terminal gets its one line from print."""
     for line in lines:
-        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, line, (), None)
+        record = log.makeRecord(log.name, level, __file__, 0, line, (), None)
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.FileHandler):
                 handler.handle(record)
@@ -131,9 +131,10 @@ def _failed(line, status, ran=True) -> Outcome:
     return Outcome(None, status, line, ran)
 
 
-def guarded(task, cfg) -> Outcome:
+def guarded(task, cfg, problem) -> Outcome:
     """Checks `cfg` against the schema, then runs one job, turning expected failures into a
-    one-line message and an exit status.
+    one-line message and an exit status. `cfg` and `problem` are what run_directory.resolve_config
+    gives: a config error found resolving the config (a re-entry that changes a saved key) is reported first.
 
     Errors are handled inside the job rather than raised through Hydra, which
     would add its own lines, and so that one failed job of a sweep does not stop
@@ -143,8 +144,6 @@ def guarded(task, cfg) -> Outcome:
     """
     startup.job_started()
     interrupts.started()  # a signal held since a sweep's previous job ended stops the sweep here
-    # Re-entering a recorded run directory runs its saved config, changed only in run-control keys.
-    cfg, problem = run_directory.effective(cfg)
     problem = problem or schema.first_problem(cfg, os.environ)
     if problem:
         return _failed(f"config error: {problem}", 2)
@@ -172,12 +171,12 @@ def guarded(task, cfg) -> Outcome:
         return _failed(f"error: {line}", 1)
     interrupts.raise_held()  # a signal that landed in a finalizer (tqdm's __del__, say) stops the run here
     interrupts.finished()  # the run has finished: a signal from here on changes nothing (docs/run-directory.md)
-    _to_run_log(_closing(0, "finished"))
+    _to_run_log(_closing(0, "finished"), level=logging.INFO)  # an ERROR tag on success would send readers hunting
     return Outcome(metric)
 
 
 def exit_code(main) -> int:
-    """Runs a Hydra main function and returns the documented exit status."""
+    """Runs `main`, which starts Hydra (it reads sys.argv), and returns the documented exit status."""
     global _existing_run_dir
     interrupts.install()  # from here on, a signal at any instant exits 130/143 (the runner saves first)
     _existing_run_dir = run_directory.existing_ancestor(sys.argv[1:])
@@ -188,8 +187,6 @@ def exit_code(main) -> int:
             print(f"error: {damaged}", file=sys.stderr)
             _append_run_log(run_directory.run_dir_argument(sys.argv[1:]), f"error: {damaged}", _closing(1, "failed"))
             return 1
-        # Re-entering a recorded run directory composes its own dataset, model and experiment.
-        sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])
         main()
     except (HydraException, OmegaConfBaseException) as error:
         _report(error, "config error", 2)

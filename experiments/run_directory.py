@@ -4,6 +4,9 @@ A run directory is *recorded* once a run has written its HParams record (an even
 the directory) or a checkpoint: by then its config passed every check. Re-entering a recorded
 directory (`hydra.run.dir=<run>` again):
 
+- composes, for a group the command line does not name (dataset, model, experiment), the run's saved
+  choice, so that a key only that dataset or model has (model.merge, dataset.fold) is compared rather
+  than refused by Hydra;
 - composes from the directory's saved `.hydra/config.yaml`, not from conf/: the command line's task
   overrides (`HydraConfig.get().overrides.task`, what the user typed, not conf/'s defaults) are
   applied on top of it;
@@ -11,13 +14,13 @@ directory (`hydra.run.dir=<run>` again):
   config error naming the key, its requested and its saved value (exit 2, before TensorFlow starts);
 - writes its own `.hydra/reentry-<time>/` (config.yaml: the config it ran with; overrides.yaml and
   hydra.yaml as Hydra writes them), so the training run's `.hydra/` is never overwritten. conf/hydra/
-  default.yaml points `hydra.output_subdir` at `subdir()` for that.
-
-- composes, for a group the command line does not name (dataset, model, experiment), the run's saved
-  choice (`with_saved_choices`, applied to sys.argv by the cli before Hydra starts), so that a key only
-  that dataset or model has (model.merge, dataset.fold) is compared rather than refused by Hydra;
+  default.yaml points `hydra.output_subdir` at `subdir()` for that;
 - restarts the input stream, with a warning, when the pipeline of the checkpoint's saved iterator differs
   from its own (`checkpoints/input_pipelines.json`, kept by `note_input`).
+
+The entry points (run.py, the TFRecord converter) resolve the config in two calls, one on each side of
+Hydra's composition: `with_saved_choices` puts the saved choices on the command line before Hydra reads it,
+and `resolve_config`, in each Hydra job, turns Hydra's composition into the config the job runs.
 
 A directory whose `.hydra/` holds only a config (a start that failed before recording anything, e.g.
 on a bad value) is not recorded: the next run there starts afresh and Hydra rewrites `.hydra/`.
@@ -288,9 +291,10 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
     return merged, None
 
 
-def effective(cfg):
-    """(config, problem): the config this Hydra job runs, and the one line to report when the command line
-    changes what a re-entered run directory's saved config fixes. `cfg` itself outside a re-entry."""
+def resolve_config(cfg):
+    """(config, problem): the config this Hydra job runs, from `cfg`, the one Hydra composed: on re-entering a
+    recorded run directory, its saved config with the command line's overrides applied, or None and the one line
+    to report when the command line changes what the saved config fixes; `cfg` itself otherwise."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from tf_harness.data import caching, task_from_config, unreadable
+from tf_harness.data import caching, evaluation_sample, task_from_config, unreadable
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import Pipeline, input_fn
 from tf_harness.data.skipped import SkipLog
@@ -159,7 +159,9 @@ class Estimator(Evaluation):
         self.checkpoint_dir = model_dir / "checkpoints"
         self.save_dir = self.checkpoint_dir if self.chief else model_dir / f".worker-{worker}-checkpoints"
         self.eval_split = "validation"
-        self.eval_data = self._input_fn(self.eval_split, training=False)
+        # trainer.eval_steps: the same seeded, stratified rows at every evaluation (None: the whole split).
+        self.eval_rows = evaluation_sample.sample_rows(tables[self.eval_split], cfg.trainer.eval_steps, pipeline.seed)
+        self.eval_data = self._input_fn(self.eval_split, training=False, rows=self.eval_rows)
         self.last_values = {}  # the last evaluation's metrics
         self._note_unreadable()  # what an earlier life of this run found
 
@@ -170,9 +172,9 @@ class Estimator(Evaluation):
             self.skipped.extend(rows)
             self.skipped.write(self.model_dir / "skipped.csv")
 
-    def _input_fn(self, split, training):
+    def _input_fn(self, split, training, rows=None):
         return input_fn(self.task, self.tables[split], self.pipeline, split=split, training=training,
-                        context=self.context if training else None, model_dir=self.model_dir)
+                        context=self.context if training else None, model_dir=self.model_dir, rows=rows)
 
     def _manager(self, checkpoint, restored):
         # Created once `restored` is: it deletes and rewrites none of the checkpoints already there, and refuses to

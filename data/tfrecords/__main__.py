@@ -13,6 +13,8 @@ from tf_harness.experiments import cli
 
 import hydra
 
+from tf_harness.experiments import run_directory
+
 
 def convert_configured(cfg):
     # TensorFlow starts here, once cli.guarded has passed the config.
@@ -28,12 +30,18 @@ def convert_configured(cfg):
 
 @hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")
 def main(cfg):
-    cli.guarded(convert_configured, cfg)
+    cfg, problem = run_directory.resolve_config(cfg)  # a re-entered run directory's saved config, as in run.py
+    cli.guarded(convert_configured, cfg, problem)
+
+
+def compose_and_run():
+    sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])  # as in run.py, before Hydra reads sys.argv
+    main()
 
 
 def command() -> int:
     """The `tf-harness-tfrecords` command; returns the exit status."""
-    return cli.exit_code(main)
+    return cli.exit_code(compose_and_run)
 
 
 if __name__ == "__main__":

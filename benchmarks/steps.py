@@ -2,6 +2,7 @@
 
     python -m benchmarks steps [cost] [--datasets chest_xray] [--steps 10] [--rounds 3] [--loops 1,10]
     python -m benchmarks steps first-calls [--datasets chest_xray] [--rounds 3] [--loops 1,10]
+                                           [--variant nometa:'trainer.graph_optimizer={disable_meta_optimizer:true}']
     python -m benchmarks steps host-loss [--datasets lfw_pairs,imagenet_det] [--loops 1,10,50] [--jit false,true]
     python -m benchmarks steps overhead [--datasets lfw_pairs,imagenet_det] [--per-call 50] [--jit null]
     python -m benchmarks steps per-loop [--datasets lfw_pairs,imagenet_det] [--loops 1,50]
@@ -20,7 +21,9 @@ cost (the default): the trainer's traced step over a minimal one. Rows: keras, t
     training pipeline, cached in memory and repeated, so the input costs next to nothing.
 first-calls: start-up instead: the cost rows' first call of one step (loop rows: one loop), trace and
     graph optimization included, each in a fresh process of its own so no row inherits another's warm
-    caches; --rounds paired rounds of them.
+    caches; --rounds paired rounds of them. keras runs under TensorFlow's own graph optimization
+    (trainer.graph_optimizer={}), the others under the config's; with --variant NAME:OVERRIDES, the loop rows
+    once per variant (and no step row), so Grappler's options can be weighed against one yardstick.
 host-loss: how much of a step is lost to the host. Rows: ceiling, N per call (the yardstick N times in one
     tf.function over one batch held on the device, for each N of --loops), ceiling XLA (the longest, compiled
     whole), and loop N, jit J (the trainer's loop over the run's pipeline, per J of --jit: its own Trainer).
@@ -44,16 +47,14 @@ times it, and per-round ratios of time and of CPU per step to the mode's base ro
 over rounds). The devices TensorFlow sees and the 1-minute load average (before and after) frame the output.
 """
 import argparse
-import json
 import math
 import statistics
-import subprocess
 import sys
 from typing import Callable, NamedTuple
 
 import tensorflow as tf
 
-from benchmarks import data_api, measure
+from benchmarks import data_api, first_calls, measure
 from benchmarks.measure import spread, timed, timing_ratios
 from benchmarks.step_baselines import PARTS, bare_loop, ceiling_loop, keras_step, on_device
 from tf_harness.experiments import strategies
@@ -305,31 +306,6 @@ def print_table(dataset, plan, results, steps):
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 
-def first_calls(dataset, args):
-    """Paired rounds of the cost rows' first calls, one fresh process per row and round; their table."""
-    names = ["keras", "step", *(f"loop {n}" for n in args.loops)]
-    results = {name: [] for name in names}
-    for number, name in measure.rotations(names, args.rounds[dataset]):
-        child = [sys.executable, "-m", "benchmarks", NAME, "first-calls", "--datasets", dataset, "--loops",
-                 ",".join(map(str, args.loops)), "--first-of", name, *(f"--override={o}" for o in args.override)]
-        out = subprocess.run(child, check=True, capture_output=True, text=True, cwd=data_api.ROOT).stdout
-        results[name].append(json.loads(out.strip().splitlines()[-1]))
-        print(f"round {number + 1}, {name}: {results[name][-1]['cpu']:.1f} CPU-s", flush=True)
-    print(f"\n{dataset}: first calls, {args.rounds[dataset]} rounds\n"
-          "| row | seconds | CPU-s (min–max) | CPU-s ÷ keras (min–max) |\n|---|---|---|---|")
-    for name in names:
-        ratios = [run["cpu"] / base["cpu"] for run, base in zip(results[name], results["keras"])]
-        print(f"| {name} | {statistics.median(run['seconds'] for run in results[name]):.1f} | "
-              f"{spread([run['cpu'] for run in results[name]], 1)} | {spread(ratios, 3)} |")
-
-
-def first_call(dataset, name, args):
-    """In this process (a first-calls child): the first call of one step (loop rows: one loop) of row `name`."""
-    row = cost(dataset, args, [None]).rows[name]
-    timing = timed(row.run, row.unit)
-    print(json.dumps({"seconds": timing.seconds, "cpu": timing.cpu}))
-
-
 # ---------------------------------------------------------------------------------------------
 # The command line
 
@@ -377,8 +353,9 @@ def parse_args(argv):
     args.mode, args.datasets = mode, args.datasets.split(",")
     args.loops = [int(n) for n in args.loops.split(",")]
     args.jit = [jit or None for jit in args.jit.split(",")]
+    default_variants = VARIANTS if mode == "variants" else ()
     args.variant = [(name, overrides.split()) for name, _, overrides in
-                    (variant.partition(":") for variant in args.variant or VARIANTS)]
+                    (variant.partition(":") for variant in args.variant or default_variants)]
     _, steps, rounds, _ = DEFAULTS[mode]
     args.steps, args.rounds = per_dataset(args.steps, steps, args.datasets), per_dataset(args.rounds, rounds,
                                                                                           args.datasets)
@@ -389,11 +366,11 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.first_of:
-        return first_call(args.datasets[0], args.first_of, args)
+        return first_calls.child(args.datasets[0], args.first_of, args, cost)
     measure.header(NAME, argv)
     for dataset in args.datasets:
         if args.mode == "first-calls":
-            first_calls(dataset, args)
+            first_calls.table(dataset, args)
         else:
             bench(args.mode, dataset, args)
     measure.footer()

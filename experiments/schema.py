@@ -35,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tf_harness.data import INPUTS, TASKS, dataset_inputs
 from tf_harness.models import BUILDERS, model_inputs
+from tf_harness.experiments import graph_optimizer
 
 MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
 _UNSET = object()
@@ -177,6 +178,7 @@ KEYS = {
     "trainer.log_every": integer(1),
     "trainer.steps_per_loop": integer(1, null="10 with a GPU or TPU, 1 on CPU alone"),
     "trainer.jit_compile": _with_null(FLAG, "XLA with a GPU and one replica, unless deterministic"),
+    "trainer.graph_optimizer": _with_null(Key(graph_optimizer.ALLOWED, graph_optimizer.accepts), graph_optimizer.NULL),
     "trainer.max_nonfinite_steps": integer(1),
     "trainer.profile_steps": PROFILE_STEPS,
     "trainer.optimizer": one_of("adam", "adamw", "sgd"),

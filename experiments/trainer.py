@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.preprocessing import Preprocessing
-from tf_harness.experiments import metrics, optimizers
+from tf_harness.experiments import graph_optimizer, metrics, optimizers
 from tf_harness.models import BUILDERS
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,11 @@ class Trainer:
         if jit_compile is None:
             log.info("trainer.jit_compile=null: %s", "each train step compiled with XLA (a GPU, one replica)"
                      if self.jit_compile else "no XLA (CPU alone, several replicas or deterministic)")
+        # Before anything is traced: Grappler optimizes each function as it is first called.
+        accelerated = bool(tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU"))
+        graph_optimizer.apply(graph_optimizer.resolve(cfg.trainer.graph_optimizer, accelerated))
+        if cfg.trainer.graph_optimizer is None and not accelerated and graph_optimizer.ON_CPU:
+            log.info("trainer.graph_optimizer=null: %s (CPU alone)", graph_optimizer.ON_CPU)
         self.max_nonfinite_steps = cfg.trainer.max_nonfinite_steps
         self.mixed_precision = cfg.pipeline.dtype == "float16"
         # tf.timestamp refuses to run under op determinism; a host clock called from the graph does not.

@@ -300,6 +300,17 @@ def test_steps_first_calls_times_each_row_in_a_process_of_its_own():
         assert re.search(rf"^\| {name} \| [\d.]+ \| {SPREAD} \| {SPREAD} \|$", done.stdout, re.MULTILINE), done.stdout
 
 
+@pytest.mark.slow  # three fresh processes
+def test_steps_first_calls_weighs_each_variant_against_one_yardstick():
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "steps", "first-calls", *TINY_LFW, "--loops", "1",
+                           "--rounds", "1", "--variant", "on:trainer.graph_optimizer={}",
+                           "--variant", "off:trainer.graph_optimizer={disable_meta_optimizer:true}"],
+                          cwd=PROJECT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^\| ([^|]+) \| [\d.]+ \| " + SPREAD + r" \| " + SPREAD + r" \|$", done.stdout, re.MULTILINE)
+    assert [row.strip() for row in rows] == ["keras", "loop 1 [on]", "loop 1 [off]"], done.stdout
+
+
 @pytest.mark.slow
 def test_input_throughput_measures_the_independent_ceiling_and_every_size(capsys):
     out = run_benchmark(capsys, "input", "throughput", "--datasets", "chest_xray", "--seconds", "0.3", "--rounds", "2",

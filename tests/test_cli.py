@@ -61,6 +61,7 @@ def test_tensorboard_reads_back_train_and_validation_scalars(trained):
     assert [event.step for event in validation.Tensors("loss")] == [3, 6]
 
 
+@pytest.mark.slow  # three more runs; tests/test_run_directory_truth.py re-enters in the fast suite
 def test_rerunning_into_the_run_directory_resumes_then_evaluates_and_predicts(trained):
     run_dir, _ = trained
     result = run_cli(*TINY, "trainer.train_steps=9", f"hydra.run.dir={run_dir}")

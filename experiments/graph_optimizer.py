@@ -9,9 +9,6 @@ kernels that a CPU measurement cannot judge, TensorFlow's defaults stay.
 
 Imports no TensorFlow at the top: experiments/schema.py reads OPTIONS before TensorFlow starts.
 """
-import logging
-
-log = logging.getLogger(__name__)
 
 # tf.config.optimizer.set_experimental_options's keys: each takes true or false (null: TensorFlow's default),
 # min_graph_nodes an integer (functions with fewer nodes are left as traced).

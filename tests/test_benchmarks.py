@@ -247,7 +247,15 @@ def test_faults_makes_its_reference_run(capsys, tmp_path):
 # The other modes, on tiny settings but with several traces or processes each
 
 
-@pytest.mark.slow  # two whole runs, three when the samples are not generated yet
+def test_compile_cache_smoke_on_a_tiny_model(capsys):
+    tiny = ["dataset=lfw_pairs", "experiment=smoke", "mode=train", "trainer.train_steps=1", "pipeline.image_size=24",
+            "model.widths=[8,16]", "model.embedding_size=16", "model.head_units=8"]
+    out = run_benchmark(capsys, "compile_cache", "--rounds", "1", *(f"--override={o}" for o in tiny))
+    assert re.search(r"round 1: cold first step .*cache held 0\), warm .*cache held [1-9]", out), out
+    assert re.search(r"first loop, warm ÷ cold +\d+\.\d\d", out), out
+
+
+@pytest.mark.slow  # two whole runs of the default smoke run, three when the samples are not generated yet
 def test_compile_cache_runs_a_cold_and_a_warm_run_and_compares_their_first_loops(capsys):
     out = run_benchmark(capsys, "compile_cache", "--rounds", "1")
     match = re.search(r"round 1: cold first step [\d.]+ s \(first loop ([\d.]+) s, [\d.]+ CPU-s, cache held 0\), "

@@ -31,10 +31,17 @@ ALLOWED = ("a mapping of Grappler options (" + "|".join(OPTIONS) + ") to true, f
 
 
 def accepts(options) -> bool:
-    return isinstance(options, dict) and all(
-        name in OPTIONS and (setting is None or (isinstance(setting, int) and not isinstance(setting, bool)
-                                                 if name == "min_graph_nodes" else isinstance(setting, bool)))
-        for name, setting in options.items())
+    """Whether `options` is a mapping of known options, each to null or a value of its type."""
+    return isinstance(options, dict) and all(name in OPTIONS and _of_its_type(name, setting)
+                                             for name, setting in options.items())
+
+
+def _of_its_type(name, setting) -> bool:
+    if setting is None:  # TensorFlow's default
+        return True
+    if name == "min_graph_nodes":
+        return isinstance(setting, int) and not isinstance(setting, bool)
+    return isinstance(setting, bool)
 
 
 def resolve(options, accelerated: bool) -> dict:

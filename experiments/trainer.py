@@ -68,12 +68,17 @@ def loop_length(step, steps_per_loop, target, intervals) -> int:
     return min([steps_per_loop, target - step] + [every - step % every for every in intervals])
 
 
+def accelerated() -> bool:
+    """Whether TensorFlow sees a GPU or TPU: what the device-dependent defaults (steps per loop, Grappler) ask."""
+    return bool(tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU"))
+
+
 def default_steps_per_loop() -> int:
     """``trainer.steps_per_loop: null``: 10 where a GPU or TPU can idle while the host works between steps;
     1 on CPU alone, where loops measured no faster (`python -m benchmarks steps per-loop`) and a one-step call,
     traced without a while loop, reached ResNet-v2-152's first step sooner (`python -m benchmarks steps
     first-calls`)."""
-    return 10 if tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU") else 1
+    return 10 if accelerated() else 1
 
 
 def resolve_jit_compile(jit_compile, replicas, deterministic) -> bool:
@@ -128,9 +133,9 @@ class Trainer:
             log.info("trainer.jit_compile=null: %s", "each train step compiled with XLA (a GPU, one replica)"
                      if self.jit_compile else "no XLA (CPU alone, several replicas or deterministic)")
         # Before anything is traced: Grappler optimizes each function as it is first called.
-        accelerated = bool(tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU"))
-        graph_optimizer.apply(graph_optimizer.resolve(cfg.trainer.graph_optimizer, accelerated))
-        if cfg.trainer.graph_optimizer is None and not accelerated and graph_optimizer.ON_CPU:
+        on_accelerator = accelerated()
+        graph_optimizer.apply(graph_optimizer.resolve(cfg.trainer.graph_optimizer, on_accelerator))
+        if cfg.trainer.graph_optimizer is None and not on_accelerator and graph_optimizer.ON_CPU:
             log.info("trainer.graph_optimizer=null: %s (CPU alone)", graph_optimizer.ON_CPU)
         self.max_nonfinite_steps = cfg.trainer.max_nonfinite_steps
         self.mixed_precision = cfg.pipeline.dtype == "float16"

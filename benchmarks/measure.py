@@ -100,8 +100,9 @@ def system_busy_seconds():
 
 
 def per(amount, seconds):
-    """`amount` per second; a measurement too short for the clock (0 s) counts as one clock tick."""
-    return amount / max(seconds, 1 / _CLOCK_TICKS)
+    """`amount` per second. A CPU time shorter than the clock's tick reads 0 s: it counts as one tick. A wall
+    time (perf_counter's, finer than a tick) is taken as it is, so a row timed against itself reads 1."""
+    return amount / (seconds or 1 / _CLOCK_TICKS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -149,6 +149,16 @@ def step_rows(out, names, extra=None):
     return rows
 
 
+def test_a_row_timed_against_itself_reads_one_under_a_clock_tick():
+    """Wall times come from perf_counter and are taken as they are, even under the CPU clock's 10 ms tick;
+    only a CPU time of 0 (shorter than a tick) counts as one tick."""
+    from benchmarks.measure import Timing, timing_ratios
+    runs = [Timing(0.004, 0.0, None), Timing(0.0095, 0.01, None)]
+    assert timing_ratios(runs, runs) == [1.0, 1.0]
+    assert timing_ratios([Timing(0.006, 0.01, None)], runs[:1]) == [pytest.approx(1.5)]
+    assert timing_ratios([Timing(0.006, 0.02, None)], runs[:1], "cpu") == [pytest.approx(2.0)]
+
+
 def test_steps_cost_runs_the_yardstick_step_and_loops(capsys):
     out = run_benchmark(capsys, "steps", "cost", *TINY_LFW, "--steps", "2", "--rounds", "1", "--loops", "2")
     assert "devices: ['/device:CPU:0']" in out

@@ -193,6 +193,11 @@ class Estimator(Evaluation):
         and whose tensors are all finite, found from its files (experiments/checkpoints.py); None when none."""
         return checkpoints.newest_finite(self.checkpoint_dir)
 
+    def _last_checkpoint_text(self):
+        """Where a stopped run can be resumed from, for its error line."""
+        latest = self._latest_checkpoint()
+        return "no checkpoint to resume from" if latest is None else f"last checkpoint: {latest}"
+
     def _restore_model(self):
         latest = self._latest_checkpoint()
         if latest is None:
@@ -347,16 +352,18 @@ class Estimator(Evaluation):
         if loop.nonfinite:
             log.warning("Skipped %d training step(s) with a non-finite loss or gradient norm, up to global step %d",
                         loop.nonfinite, step)
-        if loop.nonfinite_in_a_row >= self.trainer.max_nonfinite_steps:
-            raise NonFiniteLossError(f"{loop.nonfinite_in_a_row} training steps in a row had a non-finite loss or "
-                                     f"gradient norm, the last at global step {step}; stopping (none was applied; "
-                                     f"last checkpoint: {self._latest_checkpoint()})")
+        in_a_row = loop.nonfinite_in_a_row
+        if in_a_row >= self.trainer.max_nonfinite_steps:
+            what = (f"{in_a_row} training steps in a row had a non-finite loss or gradient norm, the last at global "
+                    f"step {step}; none was applied" if in_a_row > 1 else
+                    f"training step {step} had a non-finite loss or gradient norm and was not applied")
+            raise NonFiniteLossError(f"{what}; stopping ({self._last_checkpoint_text()})")
 
     def _save_finite(self, manager, step):
         # Skipped updates keep the weights finite; this guards the checkpoint against anything else.
         if not self.trainer.all_finite():
             raise NonFiniteLossError(f"the model or optimizer holds non-finite values at global step {step}; not "
-                                     f"saving (last checkpoint: {self._latest_checkpoint()})")
+                                     f"saving ({self._last_checkpoint_text()})")
         self._save(manager, step)
 
     def _log_train(self, window, step):

@@ -189,6 +189,16 @@ def test_huge_learning_rate_exits_1_without_a_non_finite_checkpoint(tmp_path):
     assert not (tmp_path / "metrics.json").exists()
 
 
+def test_one_non_finite_step_stops_a_run_that_allows_one(tmp_path):
+    result = run_cli(*TINY_LFW, "trainer.learning_rate=1e30", "trainer.max_nonfinite_steps=1",
+                     "trainer.train_steps=10", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    # Step 1 trains on the initial weights; its 1e30-sized update makes step 2's loss non-finite.
+    assert last == ("error: training step 2 had a non-finite loss or gradient norm and was not applied; stopping "
+                    "(no checkpoint to resume from)"), last
+
+
 @pytest.mark.slow
 def test_sigterm_saves_the_step_its_weights_hold_and_resumes(tmp_path):
     args = [*TINY_LFW, "trainer.train_steps=100000", "trainer.steps_per_loop=7", "trainer.checkpoint_every=20",

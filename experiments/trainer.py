@@ -133,10 +133,10 @@ class Trainer:
             log.info("trainer.jit_compile=null: %s", "each train step compiled with XLA (a GPU, one replica)"
                      if self.jit_compile else "no XLA (CPU alone, several replicas or deterministic)")
         # Before anything is traced: Grappler optimizes each function as it is first called.
-        on_accelerator = accelerated()
-        graph_optimizer.apply(graph_optimizer.resolve(cfg.trainer.graph_optimizer, on_accelerator))
-        if cfg.trainer.graph_optimizer is None and not on_accelerator and graph_optimizer.ON_CPU:
-            log.info("trainer.graph_optimizer=null: %s (CPU alone)", graph_optimizer.ON_CPU)
+        options = graph_optimizer.resolve(cfg.trainer.graph_optimizer, accelerated())
+        graph_optimizer.apply(options)
+        if cfg.trainer.graph_optimizer is None and options:  # null resolves to options on CPU alone, {} elsewhere
+            log.info("trainer.graph_optimizer=null: %s (CPU alone)", options)
         self.max_nonfinite_steps = cfg.trainer.max_nonfinite_steps
         self.mixed_precision = cfg.pipeline.dtype == "float16"
         # tf.timestamp refuses to run under op determinism; a host clock called from the graph does not.

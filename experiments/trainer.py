@@ -2,7 +2,10 @@
 
 Training runs in loops: one call of a traced function runs up to `trainer.steps_per_loop`
 steps over the input iterator (Orbit's `steps_per_loop`), and the host reads the loop's
-results once, so it does not stop the device every step.
+results once, so it does not stop the device every step. Nothing else in the loop reads a
+device value on the host either: the loop's condition counts steps on the host, and the
+non-finite stop is kept on the device (`_step`'s `live`), so the host can fetch, copy and
+launch the next step while the device still runs the last.
 
 input_wait_fraction, for any loop length: inside the loop, each step asks the iterator for its
 batch only after the previous step (its update included) has finished, and `tf.timestamp()` ops
@@ -35,7 +38,7 @@ class NonFiniteLossError(RuntimeError):
 class LoopStats:
     """What the host reads back from one or more train loops."""
 
-    steps: int  # steps run, skipped ones included
+    steps: int  # steps run, skipped non-finite ones included (not those after a stop: see `Trainer._step`)
     nonfinite: int  # steps skipped for a non-finite loss or gradient norm
     nonfinite_in_a_row: int  # consecutive skipped steps up to the loop's end
     loss_sum: float  # summed loss of the applied steps
@@ -178,7 +181,7 @@ class Trainer:
     def _gather(self, value):
         return self.strategy.gather(value, axis=0) if self.replicas > 1 else value
 
-    def _replica_step(self, step, features, labels, weights):
+    def _replica_step(self, step, live, features, labels, weights):
         features = self.preprocess(features, training=True, step=step)
         with tf.GradientTape() as tape:
             logits = self.model(features, training=True)
@@ -190,8 +193,9 @@ class Trainer:
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, self.model.trainable_variables)
         finite = self._finite(loss, gradients)
-        self._apply_if(finite, gradients)
-        return loss, tf.cast(logits, tf.float32), labels, finite
+        applied = tf.logical_and(finite, live)
+        self._apply_if(applied, gradients)
+        return loss, tf.cast(logits, tf.float32), labels, applied
 
     def _finite(self, loss, gradients):
         """Whether every replica's loss (and, outside float16, gradient norm) is finite; the same on all."""
@@ -224,36 +228,41 @@ class Trainer:
 
         return tf.distribute.get_replica_context().merge_call(cross_replica, args=(finite,))
 
-    def _step(self, features, labels, weights):
-        """One train step in the cross-replica context; returns (loss, logits, labels, finite, in_a_row)."""
+    def _step(self, live, features, labels, weights):
+        """One train step in the cross-replica context; returns (loss, logits, labels, applied, in_a_row).
+
+        `live` false (a device bool): the loop has stopped on `max_nonfinite_steps` in a row, and the step
+        changes nothing: no update, no global step, no count. Deciding that on the device lets the loop
+        run on without the host reading the count every step.
+        """
         step = self.global_step.read_value()
         # The forward pass updates batch-norm statistics even when the step is then skipped: keep a copy.
         statistics = [v for v in self.model.non_trainable_variables if _is_float(v)]
         kept = [tf.identity(v.value) for v in statistics]
-        loss, logits, labels, finite = self.strategy.run(
-            self._replica_step, args=(step, *self._per_replica((features, labels, weights))))
-        finite = self.strategy.experimental_local_results(finite)[0]  # the same on every replica
+        loss, logits, labels, applied = self.strategy.run(
+            self._replica_step, args=(step, live, *self._per_replica((features, labels, weights))))
+        applied = self.strategy.experimental_local_results(applied)[0]  # the same on every replica
         for variable, value in zip(statistics, kept):
-            variable.assign(tf.where(finite, variable.value, value))
-        in_a_row = self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64),
-                                                           self.nonfinite_in_a_row + 1))
-        self.global_step.assign_add(1)
+            variable.assign(tf.where(applied, variable.value, value))
+        counted = tf.where(applied, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1)
+        in_a_row = self.nonfinite_in_a_row.assign(tf.where(live, counted, self.nonfinite_in_a_row))
+        self.global_step.assign_add(tf.cast(live, tf.int64))
         loss = self.strategy.reduce("SUM", loss, axis=None)
-        return loss, self._gather(logits), self._gather(labels), finite, in_a_row
+        return loss, self._gather(logits), self._gather(labels), applied, in_a_row
 
     def _train_step(self, features, labels, weights):
         """One step on one batch: (loss, logits, labels). The runner trains with `train_loop`."""
-        return self._step(features, labels, weights)[:3]
+        return self._step(tf.constant(True), features, labels, weights)[:3]
 
     def _train_loop(self, iterator, steps):
-        """Runs `steps` steps, fewer once `max_nonfinite_steps` in a row were skipped (see the module
-        docstring for the timing), or with `steps` None one step and no loop; returns the loop's results
-        as tensors."""
-        def keep_going(i, in_a_row, *_):
-            # At least one step, so a loop always has results to read back.
-            return tf.logical_and(i < steps, tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps))
+        """Runs `steps` steps, or with `steps` None one step and no loop; returns the loop's results as
+        tensors. Once `max_nonfinite_steps` in a row were skipped, the loop's later steps take their
+        batches but are not live (`_step`): the runner stops on the count, and a loop's first step is
+        always live. See the module docstring for the timing."""
+        def keep_going(i, *_):
+            return i < steps  # on the host: the condition never waits for the device
 
-        def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, finite):
+        def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, applied, live):
             # Ask for the batch only once the previous step is done, so the timestamps see the step wait.
             with tf.control_dependencies([ready_at]):
                 asked_at = self._clock()
@@ -264,24 +273,24 @@ class Trainer:
             # ...and start the step only after that timestamp, or it may queue behind the step's own ops.
             with tf.control_dependencies([fetched_at]):
                 batch = tf.nest.map_structure(tf.identity, batch)
-            step_loss, step_logits, step_labels, step_finite, in_a_row = self._step(*batch)
-            with tf.control_dependencies([step_loss, step_logits, step_finite, in_a_row]):
+            step_live = tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps)
+            step_loss, step_logits, step_labels, step_applied, in_a_row = self._step(step_live, *batch)
+            with tf.control_dependencies([step_loss, step_logits, step_applied, in_a_row]):
                 done_at = self._clock()
             return (i + 1, in_a_row, done_at, wait + (fetched_at - asked_at),
-                    loss_sum + tf.where(step_finite, step_loss, 0.0), logits.write(i, step_logits),
-                    labels.write(i, step_labels), finite.write(i, step_finite))
+                    loss_sum + tf.where(step_applied, step_loss, 0.0), logits.write(i, step_logits),
+                    labels.write(i, step_labels), applied.write(i, step_applied), live.write(i, step_live))
 
         labels_dtype = iterator.element_spec[1].dtype
         start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), self._clock(), tf.constant(0.0, tf.float64),
-                 tf.constant(0.0), tf.TensorArray(tf.float32, size=0, dynamic_size=True),
-                 tf.TensorArray(labels_dtype, size=0, dynamic_size=True),
-                 tf.TensorArray(tf.bool, size=0, dynamic_size=True))
+                 tf.constant(0.0), *(tf.TensorArray(dtype, size=0, dynamic_size=True)
+                                     for dtype in (tf.float32, labels_dtype, tf.bool, tf.bool)))
         if steps is None:  # `_train_one`: the body once, with no loop for the graph optimizer to work through
-            count, in_a_row, _, wait, loss_sum, logits, labels, finite = body(*start)
+            _, in_a_row, _, wait, loss_sum, logits, labels, applied, live = body(*start)
         else:
-            count, in_a_row, _, wait, loss_sum, logits, labels, finite = tf.while_loop(keep_going, body, start)
-        return {"steps": count, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "logits": logits.stack(),
-                "labels": labels.stack(), "finite": finite.stack()}
+            _, in_a_row, _, wait, loss_sum, logits, labels, applied, live = tf.while_loop(keep_going, body, start)
+        return {"in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "logits": logits.stack(),
+                "labels": labels.stack(), "applied": applied.stack(), "live": live.stack()}
 
     def _train_one(self, iterator):
         """One train step over `iterator`, with `_train_loop`'s results."""
@@ -298,9 +307,9 @@ class Trainer:
             out = self._loop(iterator, tf.constant(steps, tf.int32))
         out = {key: value.numpy() for key, value in out.items()}  # the first read waits for the loop
         seconds = time.perf_counter() - started
-        finite = out["finite"]
-        logits, labels = out["logits"][finite], out["labels"][finite]
-        return LoopStats(steps=int(out["steps"]), nonfinite=int((~finite).sum()),
+        applied, live = out["applied"], out["live"]
+        logits, labels = out["logits"][applied], out["labels"][applied]
+        return LoopStats(steps=int(live.sum()), nonfinite=int((live & ~applied).sum()),
                          nonfinite_in_a_row=int(out["in_a_row"]), loss_sum=float(out["loss_sum"]),
                          wait=float(out["wait"]), seconds=seconds,
                          logits=logits.reshape(-1, *logits.shape[2:]), labels=labels.reshape(-1, *labels.shape[2:]))

@@ -102,6 +102,37 @@ def test_a_non_finite_step_is_skipped_and_max_in_a_row_stops_the_loop(trainer):
     assert (loop.nonfinite, loop.nonfinite_in_a_row) == (0, 0) and np.isfinite(loop.loss)
 
 
+def test_steps_after_the_stop_within_a_loop_change_nothing():
+    """The loop's later steps after `max_nonfinite_steps` in a row take their batches but apply, count and
+    step nothing, so the runner stops on weights as they were at the third skipped step."""
+    trainer = make_trainer()
+    good = pairs().repeat().batch(BATCH)
+    trainer.train_loop(iter(good), 1)
+    before, step = variables(trainer), trainer.step
+    three_bad_then_good = iter(pairs(float("nan")).repeat().batch(BATCH).take(3).concatenate(good))
+    loop = trainer.train_loop(three_bad_then_good, 10)
+    assert (loop.steps, loop.nonfinite, loop.nonfinite_in_a_row) == (3, 3, 3)
+    assert trainer.step == step + 3 and len(loop.logits) == 0
+    for old, new in zip(before, variables(trainer)):  # the 7 good batches after the stop were not applied
+        np.testing.assert_array_equal(old, new)
+
+
+def test_the_loop_condition_reads_only_the_step_count():
+    """The while loop's condition must not read a device value: on a GPU that read waits for every step to
+    finish before the host may fetch and launch the next, and the device idles meanwhile."""
+    trainer = make_trainer("trainer.steps_per_loop=2")
+    batches = iter(pairs().repeat().batch(BATCH))
+    trainer.train_loop(batches, 2)
+    graph = trainer._loop.get_concrete_function(batches, tf.constant(2)).graph.as_graph_def()
+    (loop,) = [node for node in graph.node if node.op == "While"]
+    cond = {function.signature.name: function for function in graph.library.function}[loop.attr["cond"].func.name]
+    fed_by = dict(zip((argument.name for argument in cond.signature.input_arg), loop.input))
+    read = {fed_by[name.split(":")[0]] for node in cond.node_def for name in node.input if name in fed_by}
+    # The While op's inputs: its own two counters, then the loop variables (the step index first), then
+    # what the loop captures, here the loop function's own `steps` argument.
+    assert read == {loop.input[2], "steps"}, sorted(read)
+
+
 def test_an_xla_step_trains_as_the_graph_step_and_skips_non_finite_steps_exactly():
     """trainer.jit_compile=true, a GPU's default, here on CPU: the step, its non-finite check and skip in one
     XLA cluster train the same weights as the uncompiled step, to float tolerance. Without augmentation: XLA

@@ -6,8 +6,9 @@ experiments/: a yardstick or a ceiling is never the code under test.
 - `ceiling_loop`: that step N times inside one tf.function over one batch held on the device: the host
   takes part once per call and reads no input, so it is what a step costs when nothing waits on the host.
 - `bare_loop`: a tf.while_loop around the step with the trainer loop's parts switched on one at a time
-  (`PARTS`): the iterator, the input-wait clocks, the device-side stop condition, the results read back,
-  and the run's own pipeline.
+  (`PARTS`): the iterator, the input-wait clocks, the results read back, and the run's own pipeline; and
+  beside them (`ASIDES`) what the trainer's loop does not do: a loop condition that reads a count kept on
+  the device every step, and an iterator that copies its batches to the device ahead of the step.
 """
 from typing import NamedTuple
 
@@ -43,10 +44,19 @@ def keras_step(cfg, spec, image_size, jit_compile=False):
     return tf.function(step, jit_compile=jit_compile or None)
 
 
+def first_device():
+    return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+
+
 def on_device(batch):
     """`batch` copied to the first GPU, or kept on the CPU where there is none."""
-    with tf.device("/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"):
+    with tf.device(first_device()):
         return tf.nest.map_structure(tf.identity, batch)
+
+
+def prefetched(batches, buffer_size=2):
+    """An iterator over the dataset `batches` that tf.data copies to the first GPU (or CPU) ahead of its use."""
+    return iter(batches.apply(tf.data.experimental.prefetch_to_device(first_device(), buffer_size)))
 
 
 def ceiling_loop(cfg, info, batch, per_call, jit_compile):
@@ -75,7 +85,8 @@ def ceiling_loop(cfg, info, batch, per_call, jit_compile):
 class Parts(NamedTuple):
     """What a bare loop does besides the step."""
 
-    source: str  # "resident": the batch held on the device; "repeated": it, from memory; "pipeline": input_fn's
+    source: str  # "resident": the batch held on the device; "repeated": it, from memory; "prefetched": it, from
+    # memory through tf.data's prefetch_to_device; "pipeline": input_fn's
     clocks: bool = False
     device_condition: bool = False
     results: bool = False
@@ -85,10 +96,19 @@ PARTS = {
     "1. resident": Parts("resident"),
     "2. + iterator": Parts("repeated"),
     "3. + clocks": Parts("repeated", clocks=True),
-    "4. + device condition": Parts("repeated", clocks=True, device_condition=True),
-    "5. + results": Parts("repeated", clocks=True, device_condition=True, results=True),
-    "6. + pipeline": Parts("pipeline", clocks=True, device_condition=True, results=True),
+    "4. + results": Parts("repeated", clocks=True, results=True),
+    "5. + pipeline": Parts("pipeline", clocks=True, results=True),
 }
+# Not the trainer's parts, each beside the row it adds to: {name: (that row, parts)}.
+# - The loop's condition reading the non-finite count, kept on the device, every step. On a GPU that read waits
+#   for each step to finish before the host may fetch and launch the next one; the trainer's loop keeps its
+#   stop on the device instead.
+# - The batches copied to the device by tf.data ahead of the step (`prefetch_to_device`), where the trainer's
+#   step takes host batches and TensorFlow copies each as the step starts, after the steps queued before it.
+#   Such an iterator cannot be saved in a checkpoint (TensorFlow 2.21). benchmarks/steps.py adds the trainer
+#   over the run's pipeline so prefetched, beside the trainer's row.
+ASIDES = {"3. + device condition": ("3. + clocks", Parts("repeated", clocks=True, device_condition=True)),
+          "2. + iterator, prefetched to the device": ("1. resident", Parts("prefetched"))}
 
 
 def bare_loop(step, fetch, per_call, parts, labels_dtype):

@@ -30,9 +30,12 @@ host-loss: how much of a step is lost to the host. Rows: ceiling, N per call (th
     Host loss = 1 - the fastest ceiling's time per step ÷ the row's, per round; the trainer's own extra
     device work counts as loss too, so it bounds the host's share from above.
 overhead: where that gap opens: a while loop written here around the yardstick adds, one row at a time,
-    what the trainer's loop does per step (1. resident batch, 2. + iterator, 3. + clocks, 4. + device
-    condition, 5. + results, 6. + pipeline), then 7. trainer; at --per-call steps per call (the longest of
-    --loops), the step under XLA where the trainer's is.
+    what the trainer's loop does per step (1. resident batch, 2. + iterator, 3. + clocks, 4. + results,
+    5. + pipeline), then 6. trainer; and beside them what the trainer's loop does not do: 3. + device
+    condition, a loop condition that reads a count kept on the device every step, and, with a GPU, 2. +
+    iterator, prefetched to the device, by tf.data's prefetch_to_device, and the trainer over the run's
+    pipeline so prefetched beside 6. At --per-call steps per call (the longest of --loops), the step under XLA
+    where the trainer's is.
 per-loop: steps/s of `Trainer.train_loop` at each of --loops (trainer.steps_per_loop) over the run's
     pipeline, against the first, and the milliseconds per step the longest saves: the host's per-call cost.
 variants: the trainer's loop (at the first of --loops) under several configs side by side, each row a Trainer
@@ -56,7 +59,7 @@ import tensorflow as tf
 
 from benchmarks import data_api, first_calls, measure
 from benchmarks.measure import spread, timed, timing_ratios
-from benchmarks.step_baselines import PARTS, bare_loop, ceiling_loop, keras_step, on_device
+from benchmarks.step_baselines import ASIDES, PARTS, bare_loop, ceiling_loop, keras_step, on_device, prefetched
 from tf_harness.experiments import strategies
 from tf_harness.experiments.trainer import Trainer
 
@@ -72,6 +75,7 @@ DEFAULTS = {"cost": ("chest_xray", "10", "3", "1,10"), "first-calls": ("chest_xr
 # The variants mode's rows unless --variant names others: LFW's file pipeline, then its image table.
 VARIANTS = ("files:pipeline.image_table_mb=0", "table:")
 CACHED_BATCHES = 4
+TRAINER_PREFETCHED = "6. trainer, pipeline prefetched to the device"  # overhead's aside beside 6. trainer
 
 
 class Row(NamedTuple):
@@ -107,10 +111,11 @@ def make_trainer(cfg, info):
     return Trainer(cfg, info.spec, strategies.make_strategy(cfg.strategy), info.size)
 
 
-def pipeline_iterator(cfg, info):
-    """An iterator over the run's training pipeline; with a cache on, after the pass that fills it, so no row
-    pays for filling it."""
-    iterator = iter(data_api.train_input(cfg, info.table, workdir=None, seed=cfg.seed))
+def pipeline_iterator(cfg, info, to_device=False):
+    """An iterator over the run's training pipeline (`to_device`: prefetched to the first GPU); with a cache on,
+    after the pass that fills it, so no row pays for filling it."""
+    batches = data_api.train_input(cfg, info.table, workdir=None, seed=cfg.seed)
+    iterator = prefetched(batches) if to_device else iter(batches)
     if cfg.pipeline.cache != "none" and not info.sampled:  # drawn pairs are never cached
         for _ in range(math.ceil(len(info.table) / cfg.pipeline.batch_size) + 1):
             next(iterator)
@@ -198,19 +203,31 @@ def overhead(dataset, args, jits):
     resident = on_device(host_batch)
     repeated = iter(tf.data.Dataset.from_tensors(host_batch).repeat())
     sources = {"resident": lambda: resident, "repeated": lambda: next(repeated), "pipeline": lambda: next(pipeline)}
+    # Prefetching to the device only where there is one to copy to. On a CPU it saves nothing, and here
+    # TensorFlow 2.21 hung at exit destroying a prefetch_to_device("/CPU:0") iterator.
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    asides = {name: aside for name, aside in ASIDES.items() if on_gpu or aside[1].source != "prefetched"}
+    if on_gpu:
+        ahead = prefetched(tf.data.Dataset.from_tensors(host_batch).repeat())
+        sources["prefetched"] = lambda: next(ahead)
     yardstick = keras_step(cfg, info.spec, info.size)
     yardstick(*resident)  # builds the model and Adam's slots outside the loops, as a traced loop needs
     # As the trainer's trainer.jit_compile: the step one XLA cluster, the loop around it in the graph.
     step = yardstick.python_function
     step = tf.function(step, jit_compile=True) if trainer.jit_compile else step
-    rows = {name: Row(bare_loop(step, sources[parts.source], per_call, parts, host_batch[1].dtype), per_call)
-            for name, parts in PARTS.items()}
-    rows["7. trainer"] = loop_row(trainer, pipeline, per_call)
+    parts = {**PARTS, **{name: aside for name, (_, aside) in asides.items()}}
+    rows = {name: Row(bare_loop(step, sources[each.source], per_call, each, host_batch[1].dtype), per_call)
+            for name, each in parts.items()}
+    rows["6. trainer"] = loop_row(trainer, pipeline, per_call)
+    above = {name: row for name, (row, _) in asides.items()}
+    if on_gpu:
+        rows[TRAINER_PREFETCHED] = loop_row(trainer, pipeline_iterator(cfg, info, to_device=True), per_call)
+        above[TRAINER_PREFETCHED] = "6. trainer"
+    chain = [name for name in rows if name not in above]
+    above.update(zip(chain[1:], chain))
 
     def added(name, results, steps):
-        names = list(results)
-        above = names.index(name) - 1
-        return "—" if above < 0 else spread(measure.saved_ms(results[name], results[names[above]], steps))
+        return spread(measure.saved_ms(results[name], results[above[name]], steps)) if name in above else "—"
     return Plan(rows, cfg, info, named("1. resident"), f"step jit_compile={trainer.jit_compile}, {per_call} steps "
                 f"per call", ("ms per step added to the row above (min–max)", added))
 

@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -294,10 +293,11 @@ def test_steps_overhead_prints_each_part_added(capsys):
     out = run_benchmark(capsys, "steps", "overhead", *TINY_LFW, "--per-call", "2", "--jit", "false", "--steps", "4",
                         "--rounds", "2")
     assert "cache=none, step jit_compile=False, 2 steps per call, 4 steps per row, 2 rounds" in out, out
-    rows = step_rows(out, {"1. resident": False, "2. + iterator": False, "3. + clocks": True,
-                           "4. + device condition": True, "5. + results": True, "6. + pipeline": True,
-                           "7. trainer": True}, "added")
+    rows = step_rows(out, {"1. resident": False, "2. + iterator": False, "3. + clocks": True, "4. + results": True,
+                           "5. + pipeline": True, "3. + device condition": True, "6. trainer": True}, "added")
+    assert "prefetched to the device" not in out  # with a GPU only
     assert rows["1. resident"][1] == "1.000 (1.000–1.000)" and rows["1. resident"][0].endswith("| — |")
+    assert all(not row[0].endswith("| — |") for name, row in rows.items() if name != "1. resident")
 
 
 @pytest.mark.slow

@@ -59,7 +59,8 @@ import tensorflow as tf
 
 from benchmarks import data_api, first_calls, measure
 from benchmarks.measure import spread, timed, timing_ratios
-from benchmarks.step_baselines import ASIDES, PARTS, bare_loop, ceiling_loop, keras_step, on_device, prefetched
+from benchmarks.step_baselines import (ASIDES, PARTS, bare_loop, ceiling_loop, first_device, keras_step, on_device,
+                                       prefetched)
 from tf_harness.experiments import strategies
 from tf_harness.experiments.trainer import Trainer
 
@@ -205,7 +206,7 @@ def overhead(dataset, args, jits):
     sources = {"resident": lambda: resident, "repeated": lambda: next(repeated), "pipeline": lambda: next(pipeline)}
     # Prefetching to the device only where there is one to copy to. On a CPU it saves nothing, and here
     # TensorFlow 2.21 hung at exit destroying a prefetch_to_device("/CPU:0") iterator.
-    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    on_gpu = first_device() != "/CPU:0"
     asides = {name: aside for name, aside in ASIDES.items() if on_gpu or aside[1].source != "prefetched"}
     if on_gpu:
         ahead = prefetched(tf.data.Dataset.from_tensors(host_batch).repeat())

@@ -262,7 +262,7 @@ class Trainer:
         def keep_going(i, *_):
             return i < steps  # on the host: the condition never waits for the device
 
-        def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, applied, live):
+        def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, applied, live_steps):
             # Ask for the batch only once the previous step is done, so the timestamps see the step wait.
             with tf.control_dependencies([ready_at]):
                 asked_at = self._clock()
@@ -279,18 +279,18 @@ class Trainer:
                 done_at = self._clock()
             return (i + 1, in_a_row, done_at, wait + (fetched_at - asked_at),
                     loss_sum + tf.where(step_applied, step_loss, 0.0), logits.write(i, step_logits),
-                    labels.write(i, step_labels), applied.write(i, step_applied), live.write(i, step_live))
+                    labels.write(i, step_labels), applied.write(i, step_applied),
+                    live_steps + tf.cast(step_live, tf.int32))
 
         labels_dtype = iterator.element_spec[1].dtype
         start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), self._clock(), tf.constant(0.0, tf.float64),
                  tf.constant(0.0), *(tf.TensorArray(dtype, size=0, dynamic_size=True)
-                                     for dtype in (tf.float32, labels_dtype, tf.bool, tf.bool)))
-        if steps is None:  # `_train_one`: the body once, with no loop for the graph optimizer to work through
-            _, in_a_row, _, wait, loss_sum, logits, labels, applied, live = body(*start)
-        else:
-            _, in_a_row, _, wait, loss_sum, logits, labels, applied, live = tf.while_loop(keep_going, body, start)
-        return {"in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "logits": logits.stack(),
-                "labels": labels.stack(), "applied": applied.stack(), "live": live.stack()}
+                                     for dtype in (tf.float32, labels_dtype, tf.bool)), tf.constant(0))
+        # `_train_one` (steps None): the body once, with no loop for the graph optimizer to work through.
+        end = body(*start) if steps is None else tf.while_loop(keep_going, body, start)
+        _, in_a_row, _, wait, loss_sum, logits, labels, applied, live_steps = end
+        return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "logits": logits.stack(),
+                "labels": labels.stack(), "applied": applied.stack()}
 
     def _train_one(self, iterator):
         """One train step over `iterator`, with `_train_loop`'s results."""
@@ -307,9 +307,9 @@ class Trainer:
             out = self._loop(iterator, tf.constant(steps, tf.int32))
         out = {key: value.numpy() for key, value in out.items()}  # the first read waits for the loop
         seconds = time.perf_counter() - started
-        applied, live = out["applied"], out["live"]
+        applied, ran = out["applied"], int(out["steps"])  # only a step that ran (a live one) is ever applied
         logits, labels = out["logits"][applied], out["labels"][applied]
-        return LoopStats(steps=int(live.sum()), nonfinite=int((live & ~applied).sum()),
+        return LoopStats(steps=ran, nonfinite=ran - int(applied.sum()),
                          nonfinite_in_a_row=int(out["in_a_row"]), loss_sum=float(out["loss_sum"]),
                          wait=float(out["wait"]), seconds=seconds,
                          logits=logits.reshape(-1, *logits.shape[2:]), labels=labels.reshape(-1, *labels.shape[2:]))

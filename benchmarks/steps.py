@@ -31,11 +31,11 @@ host-loss: how much of a step is lost to the host. Rows: ceiling, N per call (th
     device work counts as loss too, so it bounds the host's share from above.
 overhead: where that gap opens: a while loop written here around the yardstick adds, one row at a time,
     what the trainer's loop does per step (1. resident batch, 2. + iterator, 3. + clocks, 4. + results,
-    5. + pipeline), then 6. trainer; and beside them what the trainer's loop does not do: 3. + device
-    condition, a loop condition that reads a count kept on the device every step, and, with a GPU, 2. +
-    iterator, prefetched to the device, by tf.data's prefetch_to_device, and the trainer over the run's
-    pipeline so prefetched beside 6. At --per-call steps per call (the longest of --loops), the step under XLA
-    where the trainer's is.
+    5. + pipeline), then 6. trainer. Beside them, what the trainer's loop does not do: 3. + device condition,
+    a loop condition that reads a count kept on the device every step; beside 6, the trainer with
+    trainer.fetch_ahead=true; and with a GPU, 2. + iterator, prefetched to the device (tf.data's
+    prefetch_to_device), and beside 6 the trainer over its pipeline so prefetched. At --per-call steps per call
+    (the longest of --loops), the step under XLA where the trainer's is.
 per-loop: steps/s of `Trainer.train_loop` at each of --loops (trainer.steps_per_loop) over the run's
     pipeline, against the first, and the milliseconds per step the longest saves: the host's per-call cost.
 variants: the trainer's loop (at the first of --loops) under several configs side by side, each row a Trainer
@@ -76,7 +76,9 @@ DEFAULTS = {"cost": ("chest_xray", "10", "3", "1,10"), "first-calls": ("chest_xr
 # The variants mode's rows unless --variant names others: LFW's file pipeline, then its image table.
 VARIANTS = ("files:pipeline.image_table_mb=0", "table:")
 CACHED_BATCHES = 4
-TRAINER_PREFETCHED = "6. trainer, pipeline prefetched to the device"  # overhead's aside beside 6. trainer
+# overhead's asides beside 6. trainer: its pipeline prefetched to the device (GPU only), and trainer.fetch_ahead
+TRAINER_PREFETCHED = "6. trainer, pipeline prefetched to the device"
+TRAINER_AHEAD = "6. trainer, fetching ahead"
 
 
 class Row(NamedTuple):
@@ -220,7 +222,10 @@ def overhead(dataset, args, jits):
     rows = {name: Row(bare_loop(step, sources[each.source], per_call, each, host_batch[1].dtype), per_call)
             for name, each in parts.items()}
     rows["6. trainer"] = loop_row(trainer, pipeline, per_call)
+    ahead_cfg, _ = setup(dataset, [*args.override, "trainer.fetch_ahead=true"], jits[0])
+    rows[TRAINER_AHEAD] = loop_row(make_trainer(ahead_cfg, info), pipeline_iterator(ahead_cfg, info), per_call)
     above = {name: row for name, (row, _) in asides.items()}
+    above[TRAINER_AHEAD] = "6. trainer"
     if on_gpu:
         rows[TRAINER_PREFETCHED] = loop_row(trainer, pipeline_iterator(cfg, info, to_device=True), per_call)
         above[TRAINER_PREFETCHED] = "6. trainer"

@@ -66,12 +66,8 @@ def _is_number(value):
 
 def integer(low=None, high=None, null=None) -> Key:
     """An int in [low, high]; either bound may be open-ended (None)."""
-    if low is not None and high is not None:
-        allowed = f"an integer in {low}..{high}"
-    elif low is not None:
-        allowed = f"an integer >= {low}"
-    else:
-        allowed = "an integer"
+    allowed = (f"an integer in {low}..{high}" if low is not None and high is not None
+               else f"an integer >= {low}" if low is not None else "an integer")
     key = Key(allowed, lambda value: _is_int(value) and (low is None or value >= low)
               and (high is None or value <= high))
     return _with_null(key, null)
@@ -177,6 +173,7 @@ KEYS = {
     "trainer.checkpoint_input": FLAG,
     "trainer.log_every": integer(1),
     "trainer.steps_per_loop": integer(1, null="10 with a GPU or TPU, 1 on CPU alone"),
+    "trainer.fetch_ahead": FLAG,
     "trainer.jit_compile": _with_null(FLAG, "XLA with a GPU and one replica, unless deterministic"),
     "trainer.graph_optimizer": _with_null(Key(graph_optimizer.ALLOWED, graph_optimizer.accepts), graph_optimizer.NULL),
     "trainer.max_nonfinite_steps": integer(1),

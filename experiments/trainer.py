@@ -5,14 +5,8 @@ steps over the input iterator (Orbit's `steps_per_loop`), and the host reads the
 results once, so it does not stop the device every step. Nothing else in the loop reads a
 device value on the host either: the loop's condition counts steps on the host, and the
 non-finite stop is kept on the device (`_step`'s `live`), so the host can fetch, copy and
-launch the next step while the device still runs the last.
-
-input_wait_fraction, for any loop length: inside the loop, each step asks the iterator for its
-batch only after the previous step (its update included) has finished, and `tf.timestamp()` ops
-on either side of that request time it. A step's wait is how long its request took, the time the
-step sat idle for input: what the host's `next(iterator)` timed when every step was its own call.
-The fraction is the loop's summed waits over the loop's wall time on the host (the call, the
-loop's own overhead and the read of its results included).
+launch the next step while the device still runs the last. How a step gets its batch, and how its
+wait for it is timed (input_wait_fraction): experiments/loop_input.py.
 """
 import dataclasses
 import logging
@@ -25,6 +19,7 @@ import tensorflow as tf
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.preprocessing import Preprocessing
 from tf_harness.experiments import graph_optimizer, metrics, optimizers
+from tf_harness.experiments.loop_input import LoopInput
 from tf_harness.models import BUILDERS
 
 log = logging.getLogger(__name__)
@@ -96,10 +91,6 @@ def resolve_jit_compile(jit_compile, replicas, deterministic) -> bool:
     return bool(tf.config.list_physical_devices("GPU")) and replicas == 1 and not deterministic
 
 
-def _host_clock():
-    return tf.reshape(tf.numpy_function(time.perf_counter, [], tf.float64, stateful=True), [])
-
-
 def _is_float(variable):
     return tf.as_dtype(variable.dtype).is_floating
 
@@ -141,9 +132,8 @@ class Trainer:
         if cfg.trainer.graph_optimizer is None and options:  # null resolves to options on CPU alone, {} elsewhere
             log.info("trainer.graph_optimizer=null: %s (CPU alone)", options)
         self.max_nonfinite_steps = cfg.trainer.max_nonfinite_steps
+        self.fetch_ahead = cfg.trainer.fetch_ahead
         self.mixed_precision = cfg.pipeline.dtype == "float16"
-        # tf.timestamp refuses to run under op determinism; a host clock called from the graph does not.
-        self._clock = _host_clock if cfg.deterministic else tf.timestamp
         self.preprocess = Preprocessing.from_config(cfg)
         with strategy.scope():
             self.model = BUILDERS[cfg.model.name](cfg.model, spec, image_size)
@@ -155,6 +145,9 @@ class Trainer:
             self.optimizer.build(self.model.trainable_variables)
             # Not checkpointed: a resumed run counts afresh.
             self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
+        # `fetch_ahead` copies a batch early to the one GPU the step runs on; several replicas split it in the step.
+        device = self.global_step.device if self.replicas == 1 and "GPU" in self.global_step.device else None
+        self.input = LoopInput(cfg.deterministic, device)
         if self.jit_compile:
             # The whole step, its non-finite check, skip and counters included, as one XLA cluster; the
             # loop around it (iterator, clocks, results) stays in the graph.
@@ -258,37 +251,43 @@ class Trainer:
         """Runs `steps` steps, or with `steps` None one step and no loop; returns the loop's results as
         tensors. Once `max_nonfinite_steps` in a row were skipped, the loop's later steps take their
         batches but are not live (`_step`): the runner stops on the count, and a loop's first step is
-        always live. See the module docstring for the timing."""
+        always live. How each step takes its batch (`ahead`: `trainer.fetch_ahead`): experiments/loop_input.py."""
+        ahead = self.fetch_ahead and steps is not None
+
         def keep_going(i, *_):
             return i < steps  # on the host: the condition never waits for the device
 
-        def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, applied, live_steps):
-            # Ask for the batch only once the previous step is done, so the timestamps see the step wait.
-            with tf.control_dependencies([ready_at]):
-                asked_at = self._clock()
-            with tf.control_dependencies([asked_at]):
-                batch = next(iterator)
-            with tf.control_dependencies(tf.nest.flatten(batch)):
-                fetched_at = self._clock()
-            # ...and start the step only after that timestamp, or it may queue behind the step's own ops.
-            with tf.control_dependencies([fetched_at]):
-                batch = tf.nest.map_structure(tf.identity, batch)
+        def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, applied, live_steps, fetched):
+            batch = fetched  # fetched ahead, or () when each step fetches its own
+            if not ahead:
+                batch, waited = self.input.fetch(iterator, after=ready_at)
+                wait += waited
             step_live = tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps)
             step_loss, step_logits, step_labels, step_applied, in_a_row = self._step(step_live, *batch)
             with tf.control_dependencies([step_loss, step_logits, step_applied, in_a_row]):
-                done_at = self._clock()
-            return (i + 1, in_a_row, done_at, wait + (fetched_at - asked_at),
-                    loss_sum + tf.where(step_applied, step_loss, 0.0), logits.write(i, step_logits),
-                    labels.write(i, step_labels), applied.write(i, step_applied),
-                    live_steps + tf.cast(step_live, tf.int32))
+                done_at = self.input.clock()
+            if ahead:  # the next step's batch, while this one runs; none after the last, so the iterator
+                # stands exactly at the steps taken (its checkpoint and the resume stay exact). Neither branch
+                # takes anything of this step: a cond's branches wait for all its inputs.
+                more = i + 1 < steps
+                fetched, fetched_at = tf.cond(more, lambda: self.input.fetch_early(iterator),
+                                              lambda: (batch, tf.constant(0.0, tf.float64)))
+                wait += tf.where(more, tf.maximum(fetched_at - done_at, 0.0), 0.0)
+            return (i + 1, in_a_row, done_at, wait, loss_sum + tf.where(step_applied, step_loss, 0.0),
+                    logits.write(i, step_logits), labels.write(i, step_labels), applied.write(i, step_applied),
+                    live_steps + tf.cast(step_live, tf.int32), fetched)
 
         labels_dtype = iterator.element_spec[1].dtype
-        start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), self._clock(), tf.constant(0.0, tf.float64),
-                 tf.constant(0.0), *(tf.TensorArray(dtype, size=0, dynamic_size=True)
-                                     for dtype in (tf.float32, labels_dtype, tf.bool)), tf.constant(0))
+        started_at, batch, wait = self.input.clock(), (), tf.constant(0.0, tf.float64)
+        if ahead:  # the first batch before the loop, so every step in it finds its batch fetched
+            batch, wait = self.input.fetch(iterator, after=started_at)
+            batch = self.input.on_device(batch)
+        start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, tf.constant(0.0),
+                 *(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool)),
+                 tf.constant(0), batch)
         # `_train_one` (steps None): the body once, with no loop for the graph optimizer to work through.
         end = body(*start) if steps is None else tf.while_loop(keep_going, body, start)
-        _, in_a_row, _, wait, loss_sum, logits, labels, applied, live_steps = end
+        _, in_a_row, _, wait, loss_sum, logits, labels, applied, live_steps, _ = end
         return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "logits": logits.stack(),
                 "labels": labels.stack(), "applied": applied.stack()}
 

@@ -294,7 +294,8 @@ def test_steps_overhead_prints_each_part_added(capsys):
                         "--rounds", "2")
     assert "cache=none, step jit_compile=False, 2 steps per call, 4 steps per row, 2 rounds" in out, out
     rows = step_rows(out, {"1. resident": False, "2. + iterator": False, "3. + clocks": True, "4. + results": True,
-                           "5. + pipeline": True, "3. + device condition": True, "6. trainer": True}, "added")
+                           "5. + pipeline": True, "3. + device condition": True, "6. trainer": True,
+                           "6. trainer, fetching ahead": True}, "added")
     assert "prefetched to the device" not in out  # with a GPU only
     assert rows["1. resident"][1] == "1.000 (1.000–1.000)" and rows["1. resident"][0].endswith("| — |")
     assert all(not row[0].endswith("| — |") for name, row in rows.items() if name != "1. resident")

@@ -133,6 +133,72 @@ def test_the_loop_condition_reads_only_the_step_count():
     assert read == {loop.input[2], "steps"}, sorted(read)
 
 
+def numbered(count):
+    """`count` batches, each of examples that carry the batch's number as their weight, then repeated."""
+    return pairs().repeat(BATCH).batch(BATCH).take(1).repeat(count).enumerate().map(
+        lambda number, batch: (batch[0], batch[1], tf.fill([BATCH], tf.cast(number, tf.float32) + 1.0))).repeat()
+
+
+def test_fetching_ahead_trains_the_same_steps_and_leaves_the_iterator_at_them():
+    """trainer.fetch_ahead: the same batches in the same order, so the same weights, and no batch fetched past a
+    loop's last step, so the iterator (what a checkpoint saves) stands where the one that fetches in turn does."""
+    trainers, iterators = [], []
+    for ahead in ("false", "true"):
+        tf.keras.utils.set_random_seed(0)
+        trainers.append(make_trainer("trainer.steps_per_loop=4", f"trainer.fetch_ahead={ahead}"))
+        iterators.append(iter(numbered(100)))
+        for steps in (4, 1, 3):
+            loop = trainers[-1].train_loop(iterators[-1], steps)
+            assert loop.steps == steps and len(loop.logits) == steps * BATCH
+    in_turn, ahead = trainers
+    assert ahead.fetch_ahead and not in_turn.fetch_ahead and ahead.step == in_turn.step == 8
+    for old, new in zip(variables(in_turn), variables(ahead)):
+        np.testing.assert_allclose(new, old, rtol=1e-6, atol=1e-7)
+    assert [float(next(iterator)[2][0]) for iterator in iterators] == [9.0, 9.0]  # the ninth batch is next
+
+    before = variables(ahead)  # the stop after max_nonfinite_steps in a row, fetching ahead
+    three_bad = iter(pairs(float("nan")).repeat().batch(BATCH).take(3).concatenate(numbered(100)))
+    loop = ahead.train_loop(three_bad, 6)
+    assert (loop.steps, loop.nonfinite, loop.nonfinite_in_a_row) == (3, 3, 3) and ahead.step == 11
+    for old, new in zip(before, variables(ahead)):
+        np.testing.assert_array_equal(old, new)
+    assert float(next(three_bad)[2][0]) == 4.0  # the loop took its 6 batches, no more
+
+
+def test_fetching_ahead_waits_on_nothing_of_the_step():
+    """The fetch of the next batch takes only the step count, the iterator and the loop's batch: nothing the
+    step computes, no control input, so the executor may run it beside the step. Slow input still reads as
+    waiting, and cached input not."""
+    trainer = make_trainer("trainer.steps_per_loop=4", "trainer.fetch_ahead=true")
+    cached = iter(pairs().repeat(8).cache().repeat().batch(BATCH).prefetch(tf.data.AUTOTUNE))
+    trainer.train_loop(cached, 2)
+    graph = trainer._loop.get_concrete_function(cached, tf.constant(2)).graph.as_graph_def()
+    (loop,) = [node for node in graph.node if node.op == "While"]
+    body = {function.signature.name: function for function in graph.library.function}[loop.attr["body"].func.name]
+    nodes = {node.name: node for node in body.node_def}
+    fed_by = dict(zip((argument.name for argument in body.signature.input_arg), loop.input))
+    (fetch,) = [node for node in body.node_def if node.op in ("If", "StatelessIf")  # the cond around the fetch
+                and any(fed_by.get(name) == "iterator" for name in node.input)]
+    assert not [name for name in fetch.input if name.startswith("^")]
+    upstream, todo = set(), [name.split(":")[0] for name in fetch.input]
+    while todo:
+        name = todo.pop()
+        if name in nodes and name not in upstream:
+            upstream.add(name)
+            todo += [source.lstrip("^").split(":")[0] for source in nodes[name].input]
+    assert {nodes[name].op for name in upstream} <= {"Less", "AddV2", "Const", "Identity"}, upstream
+
+    def sleep(x):
+        time.sleep(0.05)
+        return x
+
+    slow = pairs().repeat().map(lambda features, label, weight: (
+        features, tf.ensure_shape(tf.numpy_function(sleep, [label], tf.float32, stateful=True), [1]), weight))
+    assert trainer.train_loop(iter(slow.batch(BATCH).prefetch(1)), 4).input_wait_fraction >= 0.5
+    fractions = [trainer.train_loop(cached, 20).input_wait_fraction for _ in range(2)]
+    assert min(fractions) <= 0.05, fractions
+
+
 def test_an_xla_step_trains_as_the_graph_step_and_skips_non_finite_steps_exactly():
     """trainer.jit_compile=true, a GPU's default, here on CPU: the step, its non-finite check and skip in one
     XLA cluster train the same weights as the uncompiled step, to float tolerance. Without augmentation: XLA

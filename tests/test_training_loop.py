@@ -134,7 +134,7 @@ def test_the_loop_condition_reads_only_the_step_count():
 
 
 def numbered(count):
-    """`count` batches, each of examples that carry the batch's number as their weight, then repeated."""
+    """`count` batches whose examples carry the batch's number (from 1) as their weight, then repeated."""
     return pairs().repeat(BATCH).batch(BATCH).take(1).repeat(count).enumerate().map(
         lambda number, batch: (batch[0], batch[1], tf.fill([BATCH], tf.cast(number, tf.float32) + 1.0))).repeat()
 
@@ -153,6 +153,8 @@ def test_fetching_ahead_trains_the_same_steps_and_leaves_the_iterator_at_them():
     in_turn, ahead = trainers
     assert ahead.fetch_ahead and not in_turn.fetch_ahead and ahead.step == in_turn.step == 8
     for old, new in zip(variables(in_turn), variables(ahead)):
+        # Equal here, run after run; float noise allowed, as CPU kernels may sum in another order. A batch
+        # trained out of turn moves the weights by about the learning rate, 1e-3.
         np.testing.assert_allclose(new, old, rtol=1e-6, atol=1e-7)
     assert [float(next(iterator)[2][0]) for iterator in iterators] == [9.0, 9.0]  # the ninth batch is next
 

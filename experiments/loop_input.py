@@ -8,9 +8,11 @@ results included).
 
 - `fetch` (the default): a step asks for its batch only after the previous step (its update included)
   has finished, and its wait is how long the request took.
-- `fetch_early` (`trainer.fetch_ahead`): the next step's batch is fetched, and copied to the step's GPU,
-  while the current step runs, ordered after nothing in it; the next step's wait is how long after the
-  current step was done its batch was still missing.
+- `fetch_early` (`trainer.fetch_ahead`): the next step's batch is fetched while the current step runs,
+  ordered after nothing in it; the next step's wait is how long after the current step was done its batch
+  was still missing. The batch stays on the host until its step takes it: the loop carries it to the next
+  iteration through a Switch op, which TensorFlow has no GPU kernel of for uint8 images, so a batch copied
+  to the GPU early would be copied back to the host and out again every step.
 """
 import time
 
@@ -24,10 +26,9 @@ def _host_clock():
 class LoopInput:
     """The batch fetches of a traced train loop, with their clocks."""
 
-    def __init__(self, deterministic, device=None):
+    def __init__(self, deterministic):
         # tf.timestamp refuses to run under op determinism; a host clock called from the graph does not.
         self.clock = _host_clock if deterministic else tf.timestamp
-        self.device = device  # where `fetch_early` copies a batch: a GPU, or None to leave it on the host
 
     def fetch(self, iterator, after):
         """The next batch, asked for only once `after` has run, and how long the request took: the step's wait."""
@@ -43,13 +44,7 @@ class LoopInput:
         return batch, fetched_at - asked_at
 
     def fetch_early(self, iterator):
-        """The next batch, on the step's device, and the time it was there."""
-        batch = self.on_device(next(iterator))
+        """The next batch, and the time it was there."""
+        batch = next(iterator)
         with tf.control_dependencies(tf.nest.flatten(batch)):
             return batch, self.clock()
-
-    def on_device(self, batch):
-        if self.device is None:
-            return batch
-        with tf.device(self.device):
-            return tf.nest.map_structure(tf.identity, batch)

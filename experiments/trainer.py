@@ -145,9 +145,7 @@ class Trainer:
             self.optimizer.build(self.model.trainable_variables)
             # Not checkpointed: a resumed run counts afresh.
             self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
-        # `fetch_ahead` copies a batch early to the one GPU the step runs on; several replicas split it in the step.
-        device = self.global_step.device if self.replicas == 1 and "GPU" in self.global_step.device else None
-        self.input = LoopInput(cfg.deterministic, device)
+        self.input = LoopInput(cfg.deterministic)
         if self.jit_compile:
             # The whole step, its non-finite check, skip and counters included, as one XLA cluster; the
             # loop around it (iterator, clocks, results) stays in the graph.
@@ -281,7 +279,6 @@ class Trainer:
         started_at, batch, wait = self.input.clock(), (), tf.constant(0.0, tf.float64)
         if ahead:  # the first batch before the loop, so every step in it finds its batch fetched
             batch, wait = self.input.fetch(iterator, after=started_at)
-            batch = self.input.on_device(batch)
         start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, tf.constant(0.0),
                  *(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool)),
                  tf.constant(0), batch)

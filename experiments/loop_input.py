@@ -11,8 +11,8 @@ results included).
 - `fetch_early` (`trainer.fetch_ahead`): the next step's batch is fetched while the current step runs,
   ordered after nothing in it; the next step's wait is how long after the current step was done its batch
   was still missing. The batch stays on the host until its step takes it: the loop carries it to the next
-  iteration through a Switch op, which TensorFlow has no GPU kernel of for uint8 images, so a batch copied
-  to the GPU early would be copied back to the host and out again every step.
+  iteration through a Switch op, and TensorFlow's Switch has no GPU kernel for uint8 images, so a batch
+  copied to the GPU early would be copied back to the host and out again every step.
 """
 import time
 

@@ -49,15 +49,29 @@ def pairs(weight=1.0):
     return tf.data.Dataset.from_tensors(((image, image), tf.ones([1]), tf.constant(weight)))
 
 
-def test_slow_input_reads_as_waiting_and_cached_input_does_not(trainer):
+def slow_and_cached():
+    """Two batch iterators: one whose every example takes 50 ms to read, one cached in memory."""
     def sleep(x):
         time.sleep(0.05)
         return x
 
     slow = pairs().repeat().map(lambda features, label, weight: (
-        features, tf.numpy_function(sleep, [label], tf.float32, stateful=True), weight))
-    slow = iter(slow.map(lambda f, label, w: (f, tf.ensure_shape(label, [1]), w)).batch(BATCH).prefetch(1))
-    cached = iter(pairs().repeat(8).cache().repeat().batch(BATCH).prefetch(tf.data.AUTOTUNE))
+        features, tf.ensure_shape(tf.numpy_function(sleep, [label], tf.float32, stateful=True), [1]), weight))
+    cached = pairs().repeat(8).cache().repeat().batch(BATCH).prefetch(tf.data.AUTOTUNE)
+    return iter(slow.batch(BATCH).prefetch(1)), iter(cached)
+
+
+def while_loop_function(trainer, iterator, part):
+    """The traced train loop's While op, its `part` function ("cond" or "body") and, by that function's
+    argument names, the While op's input that feeds each."""
+    graph = trainer._loop.get_concrete_function(iterator, tf.constant(2)).graph.as_graph_def()
+    (loop,) = [node for node in graph.node if node.op == "While"]
+    function = {function.signature.name: function for function in graph.library.function}[loop.attr[part].func.name]
+    return loop, function, dict(zip((argument.name for argument in function.signature.input_arg), loop.input))
+
+
+def test_slow_input_reads_as_waiting_and_cached_input_does_not(trainer):
+    slow, cached = slow_and_cached()
     trainer.train_loop(cached, 2)  # the traces, out of the timings
     trainer.train_loop(cached, 1)  # on CPU, steps_per_loop defaults to 1: one step is traced on its own
     for steps in (1, 4):
@@ -123,10 +137,7 @@ def test_the_loop_condition_reads_only_the_step_count():
     trainer = make_trainer("trainer.steps_per_loop=2")
     batches = iter(pairs().repeat().batch(BATCH))
     trainer.train_loop(batches, 2)
-    graph = trainer._loop.get_concrete_function(batches, tf.constant(2)).graph.as_graph_def()
-    (loop,) = [node for node in graph.node if node.op == "While"]
-    cond = {function.signature.name: function for function in graph.library.function}[loop.attr["cond"].func.name]
-    fed_by = dict(zip((argument.name for argument in cond.signature.input_arg), loop.input))
+    loop, cond, fed_by = while_loop_function(trainer, batches, "cond")
     read = {fed_by[name.split(":")[0]] for node in cond.node_def for name in node.input if name in fed_by}
     # The While op's inputs: its own two counters, then the loop variables (the step index first), then
     # what the loop captures, here the loop function's own `steps` argument.
@@ -172,13 +183,10 @@ def test_fetching_ahead_waits_on_nothing_of_the_step():
     step computes, no control input, so the executor may run it beside the step. Slow input still reads as
     waiting, and cached input not."""
     trainer = make_trainer("trainer.steps_per_loop=4", "trainer.fetch_ahead=true")
-    cached = iter(pairs().repeat(8).cache().repeat().batch(BATCH).prefetch(tf.data.AUTOTUNE))
+    slow, cached = slow_and_cached()
     trainer.train_loop(cached, 2)
-    graph = trainer._loop.get_concrete_function(cached, tf.constant(2)).graph.as_graph_def()
-    (loop,) = [node for node in graph.node if node.op == "While"]
-    body = {function.signature.name: function for function in graph.library.function}[loop.attr["body"].func.name]
+    _, body, fed_by = while_loop_function(trainer, cached, "body")
     nodes = {node.name: node for node in body.node_def}
-    fed_by = dict(zip((argument.name for argument in body.signature.input_arg), loop.input))
     (fetch,) = [node for node in body.node_def if node.op in ("If", "StatelessIf")  # the cond around the fetch
                 and any(fed_by.get(name) == "iterator" for name in node.input)]
     assert not [name for name in fetch.input if name.startswith("^")]
@@ -189,14 +197,7 @@ def test_fetching_ahead_waits_on_nothing_of_the_step():
             upstream.add(name)
             todo += [source.lstrip("^").split(":")[0] for source in nodes[name].input]
     assert {nodes[name].op for name in upstream} <= {"Less", "AddV2", "Const", "Identity"}, upstream
-
-    def sleep(x):
-        time.sleep(0.05)
-        return x
-
-    slow = pairs().repeat().map(lambda features, label, weight: (
-        features, tf.ensure_shape(tf.numpy_function(sleep, [label], tf.float32, stateful=True), [1]), weight))
-    assert trainer.train_loop(iter(slow.batch(BATCH).prefetch(1)), 4).input_wait_fraction >= 0.5
+    assert trainer.train_loop(slow, 4).input_wait_fraction >= 0.5
     fractions = [trainer.train_loop(cached, 20).input_wait_fraction for _ in range(2)]
     assert min(fractions) <= 0.05, fractions
 

@@ -118,3 +118,16 @@ def test_a_samples_folder_is_keyed_by_its_seed(tmp_path, monkeypatch):
 
     assert (sample_root("toy", make_toy) / "seed.txt").read_text() == "0"
     assert (sample_root("toy", make_toy, seed=3) / "seed.txt").read_text() == "3"
+
+
+def test_a_users_folder_that_matches_a_staging_name_is_never_removed(tmp_path):
+    """Only a folder holding nothing but what a generation puts there goes, however old and whatever its name."""
+    hour_ago = time.time() - 2 * staging.UNOWNED_AGE_S
+    backup, notes = tmp_path / ".my_backup-20240101", tmp_path / f".notes.12@{socket.gethostname()}.abcd1234"
+    older_release = tmp_path / ".lfw_pairs-abcd1234"
+    for path, child in ((backup, "data"), (notes, "todo.txt"), (older_release, "data")):
+        path.mkdir()
+        (path / child).mkdir()
+        os.utime(path, (hour_ago, hour_ago))
+    assert staging.remove_stale(tmp_path) == [older_release]
+    assert (backup / "data").is_dir() and (notes / "todo.txt").is_dir()

@@ -6,7 +6,8 @@ folder exists and keeps it for the generation's life; the OS drops it when the p
 it ends. So a staging folder whose lock can be taken is dead, whoever made it, and is removed; one
 whose lock is held is live and left alone, whatever host or PID namespace it is seen from (its pid and
 host in the name are only for people reading the folder). Folders without a lock file were made by an
-older release, or are being made this instant: they are removed only once an hour old.
+older release, or are being made this instant: they are removed only once an hour old, and only when they hold
+nothing but what a generation puts there, so a user's folder that happens to match a name is never removed.
 """
 import fcntl
 import logging
@@ -23,8 +24,10 @@ log = logging.getLogger(__name__)
 
 LOCK = ".lock"
 _OWNED = re.compile(r"^\.(?P<name>[^.]+)\.(?P<pid>\d+)@(?P<host>.+)\.[a-z0-9_]{8}$")
-# Before owners were named: `.<name>-XXXXXXXX`.
-_UNOWNED = re.compile(r"^\.[a-z_]+-[a-z0-9_]{8}$")
+# Before owners were named: `.<name>-XXXXXXXX`, for the samples of that release.
+_UNOWNED = re.compile(r"^\.(chest_xray|lfw_pairs|imagenet_det)-[a-z0-9_]{8}$")
+# All a generation puts in its staging folder besides its lock: the sample, and its lock before the rename.
+_GENERATED = {"data", f"{LOCK}.new"}
 UNOWNED_AGE_S = 3600
 
 
@@ -63,10 +66,18 @@ def _dead(path: Path):
     try:
         lock = _try_lock(path)
     except FileNotFoundError:  # no lock file: an older release's folder, or one made this instant
-        return time.time() - path.lstat().st_mtime > UNOWNED_AGE_S, None
+        return _old_and_generated(path), None
     except OSError:
         return False, None
     return lock is not None, lock
+
+
+def _old_and_generated(path: Path) -> bool:
+    try:
+        old = time.time() - path.lstat().st_mtime > UNOWNED_AGE_S
+        return old and {child.name for child in path.iterdir()} <= _GENERATED
+    except OSError:
+        return False
 
 
 def remove_stale(parent: Path) -> list:

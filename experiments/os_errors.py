@@ -25,10 +25,12 @@ ADVICE = {
     # A file where a folder must be: hydra.run.dir or HARNESS_CACHE naming a file, or a file inside either.
     errno.EEXIST: "a file stands where a folder must be; move it, or choose another hydra.run.dir (or HARNESS_CACHE)",
     errno.ENOTDIR: "a file stands where a folder must be; move it, or choose another hydra.run.dir (or HARNESS_CACHE)",
+    errno.EISDIR: "a folder stands where a file must be; move it, or choose another hydra.run.dir (or HARNESS_CACHE)",
 }
-# TensorFlow's wording: `{{function_node ...}} <path>; <strerror> [Op:SaveV2]`, or `<path>; <strerror>`.
+# TensorFlow's wording: `{{function_node ...}} <path>; <strerror> [Op:SaveV2]`, or `<path>; <strerror>`; some ops
+# name no path (`{{function_node ...}} Not a directory [Op:CreateSummaryFileWriter]`).
 _REASONS = "|".join(re.escape(os.strerror(number)) for number in ADVICE)
-_TF_MESSAGE = re.compile(r"(?:\{\{[^}]*\}\}\s*)?(?P<path>\S+?);?\s+(?P<reason>" + _REASONS + ")")
+_TF_MESSAGE = re.compile(r"(?:(?P<path>[^\s{}]+?);?\s+)?(?P<reason>" + _REASONS + ")")
 
 
 def describe(error: BaseException) -> str | None:
@@ -51,5 +53,6 @@ def _describe_one(error):
         match = _TF_MESSAGE.search(str(error))
         if match:
             number = next(n for n in ADVICE if os.strerror(n) == match["reason"])
-            return f"{match['reason']}: {match['path']}; {ADVICE[number]}"
+            where = f": {match['path']}" if match["path"] else ""
+            return f"{match['reason']}{where}; {ADVICE[number]}"
     return None

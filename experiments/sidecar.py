@@ -115,13 +115,11 @@ def _estimator(cfg, model_dir, estimator_class):
 
 def _validation_summaries(model_dir):
     """The run's Summaries writing validation/ alone: train/ and the HParams record are the trainer's."""
-    import tensorflow as tf
-
-    from tf_harness.experiments.summaries import Summaries
+    from tf_harness.experiments.summaries import Summaries, file_writer
 
     summaries = Summaries(str(model_dir), enabled=False)  # no-op writers, no event file
     summaries.enabled = True
-    summaries.writers["validation"] = tf.summary.create_file_writer(str(Path(model_dir) / "validation"))
+    summaries.writers["validation"] = file_writer(str(Path(model_dir) / "validation"))
     return summaries
 
 

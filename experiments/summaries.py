@@ -13,13 +13,20 @@ from tf_harness.experiments import review
 log = logging.getLogger(__name__)
 
 
+def file_writer(logdir: str):
+    """An event writer for `logdir`, its folder made first: where a file stands in its place, Python's error names
+    the path and TensorFlow's does not (experiments/os_errors.py)."""
+    os.makedirs(logdir, exist_ok=True)
+    return tf.summary.create_file_writer(logdir)
+
+
 class Summaries:
     """Event writers for `<model_dir>/train` and `<model_dir>/validation`."""
 
     def __init__(self, model_dir, enabled=True):
         self.model_dir = model_dir
         self.enabled = enabled
-        make = tf.summary.create_file_writer if enabled else (lambda _: tf.summary.create_noop_writer())
+        make = file_writer if enabled else (lambda _: tf.summary.create_noop_writer())
         self.writers = {split: make(os.path.join(model_dir, split)) for split in ("train", "validation")}
 
     def scalars(self, split, values: dict, step: int):

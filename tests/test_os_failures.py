@@ -56,6 +56,14 @@ def test_tensorflow_and_python_wordings_become_one_line():
     wrapped = RuntimeError("while writing")
     wrapped.__cause__ = OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/run")
     assert os_errors.describe(wrapped).startswith("Read-only file system: /ro/run; make it writable")
+    # An op that names no path: the line says what happened without inventing one from the op's name.
+    unnamed = NotFound("{{function_node __wrapped__CreateSummaryFileWriter_device_/job:localhost/replica:0/task:0/"
+                       "device:CPU:0}} Not a directory [Op:CreateSummaryFileWriter] name: ")
+    assert os_errors.describe(unnamed) == ("Not a directory; a file stands where a folder must be; move it, or choose "
+                                           "another hydra.run.dir (or HARNESS_CACHE)")
+    assert os_errors.describe(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), "/run/metrics.json")) == (
+        "Is a directory: /run/metrics.json; a folder stands where a file must be; move it, or choose another "
+        "hydra.run.dir (or HARNESS_CACHE)")
     assert os_errors.describe(FileNotFoundError(errno.ENOENT, "No such file", "/x")) is None  # not expected: a bug
     assert os_errors.describe(ValueError("No space left on device")) is None
 
@@ -76,6 +84,22 @@ def test_a_run_folder_that_is_a_file_exits_1_with_one_line(tmp_path):
     result = run_cli(*TINY, f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
     assert_one_line(result, f"error: File exists: {tmp_path / 'run'}; a file stands where a folder must be")
     assert (tmp_path / "run").read_text() == "a file"
+
+
+def test_a_folder_where_the_lock_file_must_be_exits_1_with_one_line(tmp_path):
+    (tmp_path / "run" / ".lock").mkdir(parents=True)
+    result = run_cli(*TINY, f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
+    assert_one_line(result, f"error: Is a directory: {tmp_path / 'run' / '.lock'}; a folder stands where a file must be")
+    assert (tmp_path / "run" / ".lock").is_dir()
+
+
+@pytest.mark.slow  # TensorFlow starts before the event files are written
+def test_a_file_where_an_event_folder_must_be_exits_1_naming_it(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train").write_text("a file")
+    result = run_cli(*TINY, "trainer.train_steps=2", f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
+    assert_one_line(result, f"error: File exists: {tmp_path / 'run' / 'train'}; a file stands where a folder must be")
+    assert (tmp_path / "run" / "train").read_text() == "a file"
 
 
 @pytest.mark.slow  # TensorFlow starts before the cache is written

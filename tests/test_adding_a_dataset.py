@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import PROJECT
 
 GUIDE = PROJECT / "docs" / "adding-a-dataset.md"
@@ -55,6 +57,7 @@ def _add_dataset(copy, files):
             (copy / path).write_text(body)
 
 
+@pytest.mark.slow  # a training process
 def test_the_guide_adds_a_dataset_that_trains(tmp_path):
     files, args = _guide()
     dataset = next(arg.partition("=")[2] for arg in args if arg.startswith("dataset="))

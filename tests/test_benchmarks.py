@@ -243,6 +243,7 @@ def test_real_size_builds_a_tree_and_times_its_data_phases(capsys, tmp_path):
                          r"CPU-s, verify [\d.]+ s wall, [\d.]+ CPU-s$", out, re.MULTILINE), out
 
 
+@pytest.mark.slow  # a training process
 def test_faults_makes_its_reference_run(capsys, tmp_path):
     out = run_benchmark(capsys, "faults", "--datasets", "lfw_pairs", "--faults", "SIGTERM", "--trials", "0",
                         "--work", str(tmp_path))
@@ -256,6 +257,7 @@ def test_faults_makes_its_reference_run(capsys, tmp_path):
 # The other modes, on tiny settings but with several traces or processes each
 
 
+@pytest.mark.slow  # two XLA compiles in fresh processes
 def test_compile_cache_smoke_on_a_tiny_model(capsys):
     tiny = ["dataset=lfw_pairs", "experiment=smoke", "mode=train", "trainer.train_steps=1", "pipeline.image_size=24",
             "model.widths=[8,16]", "model.embedding_size=16", "model.head_units=8"]

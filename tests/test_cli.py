@@ -200,6 +200,7 @@ def test_tf_config_with_several_workers_needs_the_multi_worker_strategy(tmp_path
         "config error: TF_CONFIG names 2 workers but strategy=auto; use strategy=multi_worker (or unset TF_CONFIG)")
 
 
+@pytest.mark.slow  # two training processes
 def test_bfloat16_trains_in_mixed_precision_on_cpu_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     args = ("dataset=lfw_pairs", "experiment=smoke", "pipeline.dtype=bfloat16", "trainer.eval_every=2",

@@ -75,6 +75,7 @@ def test_the_sample_is_the_same_at_every_evaluation_and_batch_size(by_batch_size
     assert first == second == wider
 
 
+@pytest.mark.slow  # a training process
 def test_run_log_says_how_many_validation_examples_were_scored(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(*TINY_LFW, "pipeline.batch_size=8", "trainer.train_steps=1", "trainer.eval_every=1",

@@ -56,6 +56,7 @@ def test_no_tensorflow_start_up_chatter_by_default(smoke):
     assert "cuInit" not in output and "cudart" not in output and "absl::InitializeLog" not in output
 
 
+@pytest.mark.slow  # a training process
 def test_a_run_that_fails_ends_its_run_log_with_the_error_and_exit_status(tmp_path):
     result = run_merged(*SMOKE, "trainer.learning_rate=1e30", "trainer.train_steps=10", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 1
@@ -151,6 +152,7 @@ def test_two_input_pipelines_are_built_before_the_first_step_and_the_inputs_imag
     assert "inputs" in tags
 
 
+@pytest.mark.slow  # three processes, one training
 def test_a_first_evaluate_or_predict_without_a_checkpoint_records_nothing(tmp_path):
     new_dir, empty_dir = tmp_path / "new", tmp_path / "empty"
     empty_dir.mkdir()

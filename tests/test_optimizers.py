@@ -79,6 +79,7 @@ def test_a_checkpoint_of_plain_adam_restores_into_the_default_optimizer(tmp_path
     tf.train.Checkpoint(model=model, optimizer=new).restore(path).assert_consumed()
 
 
+@pytest.mark.slow  # a training process
 def test_tensorboard_learning_rate_follows_a_cosine_schedule(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli("dataset=lfw_pairs", "experiment=smoke", "pipeline.image_size=24", "model.widths=[8,16]",

@@ -69,6 +69,7 @@ def test_predict_with_nothing_else_on_the_line_uses_the_saved_config(run_dir):
     assert "merge: pixel_difference" in ran and "mode: predict" in ran and "batch_size: 3" in ran
 
 
+@pytest.mark.slow  # a resumed training process
 def test_resume_keeps_the_original_hydra_and_writes_one_hparams_record(run_dir):
     before = saved_hydra(run_dir)
     result = run_cli(*TRAINED, "trainer.train_steps=6", f"hydra.run.dir={run_dir}")

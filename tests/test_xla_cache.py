@@ -43,6 +43,7 @@ def entries(cache):
     return sorted(path.name for path in cache.glob("xla/tf-*/*/*.pb"))
 
 
+@pytest.mark.slow  # three XLA compiles in fresh processes
 def test_a_second_process_of_the_same_shapes_loads_the_program_and_other_shapes_compile_their_own(tmp_path):
     first, loaded = finish(start(tmp_path, 8))
     assert first["result"] == "512.0" and first["published"] == "1" and not loaded

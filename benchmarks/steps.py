@@ -103,11 +103,12 @@ class Plan(NamedTuple):
 # What every mode builds on
 
 
-def setup(dataset, overrides, jit=None):
-    """The dataset's default config with `overrides` (and trainer.jit_compile=`jit`), and its DatasetInfo."""
+def setup(dataset, overrides, jit=None, info=None):
+    """The dataset's default config with `overrides` (and trainer.jit_compile=`jit`), and its DatasetInfo: `info`,
+    when a row of the same data has indexed it already."""
     cfg = data_api.compose_defaults(dataset, *overrides, *([f"trainer.jit_compile={jit}"] if jit else []))
     tf.keras.utils.set_random_seed(cfg.seed)
-    return cfg, data_api.describe(cfg)
+    return cfg, info or data_api.describe(cfg)
 
 
 def make_trainer(cfg, info):
@@ -180,7 +181,7 @@ def host_loss(dataset, args, jits):
     rows = {f"ceiling, {n} per call": Row(ceiling_loop(cfg, info, batch, n, False), n) for n in args.loops}
     rows[f"ceiling XLA, {longest} per call"] = Row(ceiling_loop(cfg, info, batch, longest, True), longest)
     for jit in jits:
-        trainer = make_trainer(*setup(dataset, args.override, jit))
+        trainer = make_trainer(*setup(dataset, args.override, jit, info))
         rows.update({f"loop {n}, jit {trainer.jit_compile}": loop_row(trainer, iterator, n) for n in args.loops})
 
     def fastest_ceiling(results):
@@ -222,10 +223,9 @@ def overhead(dataset, args, jits):
     rows = {name: Row(bare_loop(step, sources[each.source], per_call, each, host_batch[1].dtype), per_call)
             for name, each in parts.items()}
     rows["6. trainer"] = loop_row(trainer, pipeline, per_call)
-    ahead_cfg, _ = setup(dataset, [*args.override, "trainer.fetch_ahead=true"], jits[0])
+    ahead_cfg, _ = setup(dataset, [*args.override, "trainer.fetch_ahead=true"], jits[0], info)
     rows[TRAINER_AHEAD] = loop_row(make_trainer(ahead_cfg, info), pipeline_iterator(ahead_cfg, info), per_call)
-    above = {name: row for name, (row, _) in asides.items()}
-    above[TRAINER_AHEAD] = "6. trainer"
+    above = {**{name: row for name, (row, _) in asides.items()}, TRAINER_AHEAD: "6. trainer"}
     if on_gpu:
         rows[TRAINER_PREFETCHED] = loop_row(trainer, pipeline_iterator(cfg, info, to_device=True), per_call)
         above[TRAINER_PREFETCHED] = "6. trainer"

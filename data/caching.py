@@ -24,6 +24,11 @@ from (the files, or which shards and how much of each). A re-entry that changes 
 (``mode=evaluate dataset.eval_pairs=pairs``) fills a cache of its own instead of reading another
 setting's, and the split's caches of other keys, which no live process holds, are removed.
 A memory cache lives and dies with its pipeline, so it never outlives its settings.
+
+A finished cache is checked when a process first uses it (`_damage`): its index must open, and its data files
+must hold the bytes its index lists. One that fails (a cut copy, a full disk, a garbled index) is removed and
+filled again, with a warning. Damage of the same size is found by TensorFlow's checksums as the cache is read;
+`damaged` turns that error into one line and removes the cache, so the same command fills it again.
 """
 import fcntl
 import glob
@@ -136,12 +141,50 @@ def _remove_unheld(prefix: str) -> bool:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
-        files = glob.glob(f"{glob.escape(prefix)}.*") + glob.glob(f"{glob.escape(prefix)}_[0-9]*")
-        for path in files:
-            if path != f"{prefix}.lock":
-                os.remove(path)
+        _remove_files(prefix)
         os.remove(f"{prefix}.lock")
     return True
+
+
+def _remove_files(prefix: str) -> None:
+    """Removes the cache at `prefix`, all but its lock."""
+    for path in glob.glob(f"{glob.escape(prefix)}.*") + glob.glob(f"{glob.escape(prefix)}_[0-9]*"):
+        if path != f"{prefix}.lock":
+            os.remove(path)
+
+
+def _damage(prefix: str):
+    """Why the finished cache at `prefix` cannot be read whole, or None. Reads its index alone: every element's
+    tensors, their shapes and dtypes, which add up to the bytes its data files must hold."""
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    except (tf.errors.OpError, ValueError) as error:
+        return f"its index does not open: {getattr(error, 'message', error)}"
+    if any(dtype in (tf.string, tf.variant) for dtype in dtypes.values()):
+        return None  # no fixed size per element: left to the checksums
+    listed = sum(int(np.prod(shape)) * dtypes[name].size for name, shape in shapes.items())
+    held = sum(os.path.getsize(path) for path in glob.glob(f"{glob.escape(prefix)}.data-*"))
+    return None if held == listed else f"its data files hold {held} bytes where its index lists {listed}"
+
+
+def damaged(error: BaseException):
+    """The one line for a TensorFlow error reading a disk cache this process holds (a checksum that no longer
+    matches), once that cache is removed so the next start fills it again; None for any other error."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        message = str(error)
+        for prefix in _held:
+            if type(error).__module__.startswith("tensorflow") and f"{prefix} " in message:
+                _remove_files(prefix)
+                reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:.*", "", message, flags=re.DOTALL)
+                return (f"the input cache {prefix} is damaged ({' '.join(reason.split())}); it was removed: run the "
+                        f"same command again, which fills it anew")
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def cache(data, kind, model_dir, split, content=None):
@@ -156,6 +199,10 @@ def cache(data, kind, model_dir, split, content=None):
     prefix = str(directory / (split if key is None else f"{split}-{key}"))
     if _hold(prefix):  # the first use in this process: no live writer can own what is there
         clean_partial_cache(prefix)
+        problem = os.path.exists(f"{prefix}.index") and _damage(prefix)
+        if problem:
+            _remove_files(prefix)
+            log.warning("The input cache %s was damaged (%s); removed, this run fills it again", prefix, problem)
         for other in sorted(_other_prefixes(directory, split, prefix)):
             if _remove_unheld(other):
                 log.info("Removed the input cache %s, made for other settings of the %s split than this run's",

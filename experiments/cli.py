@@ -153,6 +153,7 @@ def guarded(task, cfg, problem) -> Outcome:
         xla_cache.enable(cache_home())
     startup.import_tensorflow_quietly()
     # The data package and the trainer import TensorFlow; the config has passed by now.
+    from tf_harness.data import caching
     from tf_harness.data.errors import ConfigError, DatasetError
     from tf_harness.experiments.checkpoints import UnrestorableError
     from tf_harness.experiments.trainer import NonFiniteLossError
@@ -165,7 +166,8 @@ def guarded(task, cfg, problem) -> Outcome:
         # A re-entry whose checkpoints refuse it before it writes anything (checkpoints.check_before_start).
         return _failed(f"error: {_one_line(error)}", 1, ran=not getattr(error, "before_start", False))
     except Exception as error:
-        line = os_errors.describe(error)  # a full disk, a read-only folder, a path too long
+        # A full disk, a read-only folder, a path too long; or a disk cache damaged since it was checked.
+        line = os_errors.describe(error) or caching.damaged(error)
         if line is None:
             raise
         return _failed(f"error: {line}", 1)

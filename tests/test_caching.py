@@ -116,6 +116,57 @@ def test_a_live_run_on_the_same_cache_is_a_config_error_not_tf_error(tmp_path):
                                   np.arange(ELEMENTS))
 
 
+def _as_a_new_process():
+    """Lets go of every cache this process holds, so the next use is a first use, as in the next run."""
+    for lock in caching._held.values():
+        lock.close()
+    caching._held.clear()
+
+
+def _filled(tmp_path):
+    np.testing.assert_array_equal(_first_values(caching.cache(_source(), "disk", tmp_path, "train")),
+                                  np.arange(ELEMENTS))
+    _as_a_new_process()
+    return str(tmp_path / "input_cache" / "train")
+
+
+@pytest.mark.parametrize("damage", ["data cut", "index garbled", "index emptied"])
+def test_a_finished_cache_that_was_damaged_is_filled_again_at_the_next_start(tmp_path, caplog, damage):
+    prefix = _filled(tmp_path)
+    if damage == "data cut":
+        os.truncate(f"{prefix}.data-00000-of-00001", 100_000)
+    else:
+        with open(f"{prefix}.index", "r+b") as index:
+            index.truncate(0) if damage == "index emptied" else index.write(b"\xff" * 64)
+    with caplog.at_level(logging.WARNING, logger="tf_harness.data.caching"):
+        again = caching.cache(_source(offset=10_000), "disk", tmp_path, "train")
+    assert f"The input cache {prefix} was damaged" in caplog.text
+    np.testing.assert_array_equal(_first_values(again), np.arange(ELEMENTS) + 10_000)  # filled anew
+    _as_a_new_process()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tf_harness.data.caching"):  # the refilled cache passes
+        np.testing.assert_array_equal(_first_values(caching.cache(_source(), "disk", tmp_path, "train")),
+                                      np.arange(ELEMENTS) + 10_000)
+    assert "damaged" not in caplog.text
+
+
+def test_a_cache_damaged_at_its_size_fails_as_it_is_read_with_one_line_and_is_removed(tmp_path):
+    prefix = _filled(tmp_path)
+    with open(f"{prefix}.data-00000-of-00001", "r+b") as data:
+        data.seek(50_000)
+        data.write(bytes(64))  # the size its index lists: only the checksums can tell
+    with pytest.raises(tf.errors.DataLossError) as raised:
+        _first_values(caching.cache(_source(), "disk", tmp_path, "train"))
+    assert caching.damaged(ValueError("another error")) is None
+    line = caching.damaged(raised.value)
+    assert line.startswith(f"the input cache {prefix} is damaged (TensorBundle at {prefix} shard 0"), line
+    assert "Checksum does not match" in line and "\n" not in line and "[Op:" not in line
+    assert _listing(tmp_path / "input_cache") == ["train.lock"]
+    _as_a_new_process()
+    np.testing.assert_array_equal(_first_values(caching.cache(_source(), "disk", tmp_path, "train")),
+                                  np.arange(ELEMENTS))
+
+
 def test_memory_cache_iterators_are_kept_out_of_checkpoints(tmp_path):
     """A memory cache's iterator checkpoint carries every cached element; the runner must not save it."""
     # Random bytes, so that no compression hides what the checkpoint holds.

@@ -74,11 +74,12 @@ def test_a_generation_holds_its_staging_folder_for_its_whole_life(tmp_path, monk
     assert seen == ["0"]
     assert (root / "a.txt").read_text() == "a" * 10 and (root / "b.txt").read_text() == "b" * 20
     manifest = json.loads((root / samples.MANIFEST).read_text())
-    assert manifest["files"] == {"a.txt": 10, "b.txt": 20}
+    assert {name: size for name, (size, _) in manifest["files"].items()} == {"a.txt": 10, "b.txt": 20}
     assert [path.name for path in root.parent.iterdir()] == [root.name]  # its staging folder is gone
 
 
-@pytest.mark.parametrize("damage", ["deleted", "resized", "no manifest"])
+@pytest.mark.parametrize("damage", ["deleted", "resized", "rewritten at its size", "no manifest",
+                                    "a manifest of another shape"])
 def test_a_sample_that_does_not_match_its_manifest_is_generated_again(tmp_path, monkeypatch, caplog, damage):
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     made = []
@@ -92,16 +93,21 @@ def test_a_sample_that_does_not_match_its_manifest_is_generated_again(tmp_path, 
     root = sample_root("toy", make_toy)
     {"deleted": lambda: (root / "images" / "2.png").unlink(),
      "resized": lambda: (root / "images" / "3.png").write_bytes(b"cut"),
-     "no manifest": lambda: (root / samples.MANIFEST).unlink()}[damage]()
+     "rewritten at its size": lambda: (root / "images" / "1.png").write_bytes(b"x" * 500),
+     "no manifest": lambda: (root / samples.MANIFEST).unlink(),
+     "a manifest of another shape": lambda: (root / samples.MANIFEST).write_text('{"version": 2, "files": []}')}[
+        damage]()
     with caplog.at_level(logging.INFO, logger="tf_harness.data.samples"):
         assert sample_root("toy", make_toy) == root
     assert made == [0, 0]
     assert all((root / "images" / name).read_bytes() == name.encode() * 100 for name in ("1.png", "2.png", "3.png"))
     lines = [record.getMessage() for record in caplog.records
              if "does not match its manifest" in record.getMessage()]
-    reason = {"deleted": "1 of its 3 files missing, 0 of another size, e.g. images/2.png",
-              "resized": "0 of its 3 files missing, 1 of another size, e.g. images/3.png",
-              "no manifest": f"it has no readable {samples.MANIFEST}"}[damage]
+    reason = {"deleted": "1 of its 3 files missing, 0 changed since, e.g. images/2.png",
+              "resized": "0 of its 3 files missing, 1 changed since, e.g. images/3.png",
+              "rewritten at its size": "0 of its 3 files missing, 1 changed since, e.g. images/1.png",
+              "no manifest": f"it has no readable {samples.MANIFEST}",
+              "a manifest of another shape": f"it has no readable {samples.MANIFEST}"}[damage]
     assert lines == [f"The embedded toy sample at {root} does not match its manifest ({reason}); generating it again"]
     assert sorted(path.name for path in root.parent.iterdir()) == [root.name]  # the damaged copy is gone
     caplog.clear()

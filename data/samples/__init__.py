@@ -1,9 +1,10 @@
 """Embedded samples: small datasets generated once, in the real on-disk layout, into a cache folder.
 
 A sample is generated into a staging folder that its generator holds a lock on (staging.py), given a
-manifest of every file's name and size, written last, and renamed into place whole. Each start checks
-the sample against its manifest (one stat per file): a sample with a file missing or of another size,
-or without a manifest, is generated again and swapped in, with one log line saying so.
+manifest of every file's name, size and modification time, written last, and renamed into place whole.
+Each start checks the sample against its manifest (one stat per file): a sample with a file missing, cut
+or written since (an editor keeps the size, not the time), or without a manifest, is generated again and
+swapped in, with one log line saying so. A copy that does not keep times is generated again once.
 """
 import json
 import logging
@@ -35,36 +36,43 @@ def parallel_map(fn, jobs):
 
 
 def write_manifest(root: Path) -> None:
-    """Records the name and size of every file under `root` in its manifest, the last file written."""
+    """Records the name, size and modification time of every file under `root` in its manifest, the last file
+    written."""
     files = {}
     for folder, _, names in os.walk(root):
         for name in names:
             path = Path(folder) / name
-            files[path.relative_to(root).as_posix()] = path.stat().st_size
+            files[path.relative_to(root).as_posix()] = _stamp(os.stat(path))
     files.pop(MANIFEST, None)
     temporary = root / f"{MANIFEST}.tmp"
     temporary.write_text(json.dumps({"version": VERSION, "files": dict(sorted(files.items()))}))
     os.replace(temporary, root / MANIFEST)
 
 
+def _stamp(stat) -> list:
+    return [stat.st_size, stat.st_mtime_ns]
+
+
 def mismatch(root: Path):
-    """What about the sample at `root` does not match its manifest, or None when every file it lists is there at
-    its size."""
+    """What about the sample at `root` does not match its manifest, or None when every file it lists is there as
+    it was written."""
     try:
         files = json.loads((root / MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
+        files = None
+    if not isinstance(files, dict):  # missing, not JSON, or JSON of another shape
         return f"it has no readable {MANIFEST}"
-    missing, resized = [], []
-    for name, size in files.items():
+    missing, changed = [], []
+    for name, stamp in files.items():
         try:
-            if os.stat(root / name).st_size != size:
-                resized.append(name)
+            if _stamp(os.stat(root / name)) != stamp:
+                changed.append(name)
         except OSError:
             missing.append(name)
-    if not missing and not resized:
+    if not missing and not changed:
         return None
-    example = (missing or resized)[0]
-    return f"{len(missing)} of its {len(files)} files missing, {len(resized)} of another size, e.g. {example}"
+    example = (missing or changed)[0]
+    return f"{len(missing)} of its {len(files)} files missing, {len(changed)} changed since, e.g. {example}"
 
 
 def _swap_in(generated: Path, root: Path, aside: Path) -> None:

@@ -44,7 +44,7 @@ class SkipLog:
 
     def write(self, path):
         """Writes skipped.csv atomically; the file exists (header only) when nothing was skipped."""
-        tmp = f"{path}.tmp"
+        tmp = f"{path}.{os.getpid()}.tmp"  # no other process's file to write over
         with open(tmp, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["path", "reason"])

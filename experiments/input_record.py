@@ -6,6 +6,7 @@ differ, restarts the input stream (experiments/runner.py). Nothing here imports 
 """
 import json
 import logging
+import os
 from pathlib import Path
 
 from tf_harness.experiments.run_directory import value_of
@@ -61,5 +62,6 @@ def note_input(checkpoint_dir, step, signature) -> None:
         {"after_step": int(step), "input": signature}]
     path = Path(checkpoint_dir) / INPUT_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".tmp").write_text(json.dumps(records, indent=1))
-    path.with_suffix(".tmp").replace(path)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # no other process's file to write over
+    temporary.write_text(json.dumps(records, indent=1))
+    temporary.replace(path)

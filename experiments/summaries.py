@@ -84,9 +84,11 @@ def evaluated_step(model_dir):
 
 
 def write_metrics(model_dir, values: dict):
-    """Writes metrics.json atomically, so a reader never sees half a file."""
+    """Writes metrics.json atomically, so a reader never sees half a file. The temporary file is this process's
+    own: a sidecar evaluator writes metrics.json beside the trainer."""
     path = os.path.join(model_dir, "metrics.json")
     clean = {key: (None if isinstance(value, float) and math.isnan(value) else value) for key, value in values.items()}
-    with open(path + ".tmp", "w") as f:
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as f:
         json.dump(clean, f, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    os.replace(temporary, path)

@@ -426,3 +426,23 @@ def test_sigint_after_the_run_finished_exits_with_its_logged_status_and_no_trace
     assert process.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-3000:]
     assert log.read_text().splitlines()[-1].endswith("run finished, exit status 0")
+
+
+def test_the_run_directorys_records_are_written_through_temporary_files_of_this_process_alone(tmp_path):
+    """A trainer and its sidecar evaluator both write metrics.json: neither may write over the other's half-written
+    temporary file, nor over a file of that name that someone else left."""
+    from tf_harness.data.skipped import SkipLog
+    from tf_harness.experiments import input_record
+    from tf_harness.experiments.summaries import write_metrics
+    others = [tmp_path / "metrics.json.tmp", tmp_path / "skipped.csv.tmp", tmp_path / "input_pipelines.tmp"]
+    for path in others:
+        path.write_text("another process's")
+    write_metrics(str(tmp_path), {"global_step": 4, "loss": 0.5})
+    SkipLog().write(str(tmp_path / "skipped.csv"))
+    input_record.note_input(tmp_path, 4, "a signature")
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 4
+    assert (tmp_path / "skipped.csv").read_text().splitlines() == ["path,reason"]
+    assert json.loads((tmp_path / input_record.INPUT_RECORD).read_text()) == [{"after_step": 4, "input": "a signature"}]
+    assert all(path.read_text() == "another process's" for path in others)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        [*(path.name for path in others), "metrics.json", "skipped.csv", input_record.INPUT_RECORD])

@@ -18,8 +18,10 @@ evaluated one does.
 
 An export is written into a staging folder beside its target (``export/.<step>.staging-<pid>``) and
 renamed when complete, so `export/<step>/` is whole or absent. An export already there is never
-rewritten: the run logs that it is there and exits 0. A staging folder left by a killed export is
-removed by the next export (the run directory's lock makes sure no live one is writing it).
+rewritten: the run logs that it is there and exits 0. A folder there that holds no complete SavedModel (one
+copied in, emptied or cut short) is not an export: the run exits 1 naming it, and leaves it as it is. A staging
+folder left by a killed export is removed by the next export (the run directory's lock makes sure no live one is
+writing it).
 """
 import logging
 import os
@@ -28,6 +30,8 @@ import shutil
 from pathlib import Path
 
 import tensorflow as tf
+from google.protobuf.message import DecodeError
+from tensorflow.core.protobuf import saved_model_pb2
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.experiments import checkpoints
@@ -38,6 +42,13 @@ SIGNATURE = "serving_default"
 OUTPUT = "probabilities"
 FOLDER = "export"
 _STAGING = re.compile(r"^\.\d+\.staging-\d+$")
+_SHARD = re.compile(r"^variables\.data-(\d+)-of-(\d+)$")
+
+
+class DamagedExportError(checkpoints.UnrestorableError):
+    """An export folder is there but holds no complete SavedModel; the run refuses before it changes anything, so
+    the run's HParams status stays as it was (experiments/cli.py reads `before_start`)."""
+    before_start = True
 
 
 def input_names(spec) -> tuple:
@@ -109,6 +120,35 @@ def write(serving, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def damage(folder: Path) -> str | None:
+    """Why `folder` is not a complete export, None when it is one, checked without loading the model: its
+    saved_model.pb parses (one cut short does not) and holds the signature, its variables' index opens, and its
+    data files, variables.data-<i>-of-<n>, are all there."""
+    graph = folder / "saved_model.pb"
+    if not folder.is_dir():
+        return "not a folder"
+    if not graph.is_file():
+        return "no saved_model.pb"
+    saved = saved_model_pb2.SavedModel()
+    try:
+        saved.ParseFromString(graph.read_bytes())
+    except DecodeError:
+        return "saved_model.pb does not parse"
+    if not any(SIGNATURE in meta.signature_def for meta in saved.meta_graphs):
+        return f"saved_model.pb holds no {SIGNATURE} signature"
+    variables = folder / "variables"
+    try:
+        tf.train.load_checkpoint(str(variables / "variables"))
+    except (tf.errors.OpError, ValueError):
+        return "variables/variables.index does not open"
+    shards = [_SHARD.match(path.name) for path in variables.iterdir()]
+    counts = {int(match[2]) for match in shards if match}
+    found = {int(match[1]) for match in shards if match}
+    if len(counts) != 1 or found != set(range(counts.pop())):
+        return "a data file of variables/ is missing"
+    return None
+
+
 def export(estimator):
     """Exports the run directory's newest restorable checkpoint (experiments/checkpoints.py `newest_finite`, as
     evaluate and predict find it) to `<run>/export/<global_step>/`; returns that folder, or None on a worker
@@ -123,6 +163,12 @@ def export(estimator):
     trainer.checkpoint().restore(latest).expect_partial()
     export_dir = estimator.model_dir / FOLDER
     target = export_dir / str(trainer.step)
+    if target.exists() or target.is_symlink():
+        reason = damage(target)
+        if reason:
+            raise DamagedExportError(f"{target} is there but is not a complete export ({reason}); global step "
+                                     f"{trainer.step} cannot be exported while it is there: move it out of "
+                                     f"{export_dir}, then run mode=export again")
     remove_staging(export_dir)
     if target.exists():
         log.info("%s is there already: global step %d was exported before; leaving it as it is", target,

@@ -7,6 +7,12 @@ metric, with the exit status and error line). Launchers such as joblib or submit
 each job writes its outcome into its own run directory (on_job_end runs in the job's process), and the launching
 process reads them all back when the sweep ends (on_multirun_end). Nothing here imports TensorFlow (a job that
 reported a metric has, and only then is its task looked up).
+
+Hydra tells the callbacks neither how many jobs a sweep has nor which, so the sweep's own are the outcomes written
+while it ran: those there when it started (a stale folder of an earlier sweep into the same directory) are left
+out unless a job of this sweep writes them again. An outcome that cannot be read counts as a failure, and so does
+a job folder made during the sweep that holds none (its job could not write it), so neither can turn a failed
+sweep into a success.
 """
 import json
 import logging
@@ -23,6 +29,9 @@ from tf_harness.experiments import hparams
 
 log = logging.getLogger(__name__)
 OUTCOME = "job_outcome.json"
+# What a job_outcome.json holds: key -> the types its value may have.
+FIELDS = {"status": (int,), "error": (str, type(None)), "job": (int,), "overrides": (list,), "run_dir": (str,),
+          "metric": (str, type(None)), "value": (int, float, type(None))}
 
 
 def outcome_of(job_return) -> dict:
@@ -71,7 +80,8 @@ def summary_line(outcomes, sweep_dir) -> str:
                 best[o["metric"]] = o
     if not best:
         return f"{head}; no job reported a validation metric: {sweep_dir}"
-    shared = set.intersection(*(set(o["overrides"]) for o in outcomes)) if len(outcomes) > 1 else set()
+    known = [set(o["overrides"]) for o in outcomes if o["overrides"] is not None]
+    shared = set.intersection(*known) if len(known) > 1 else set()
 
     def told_apart(o):
         overrides = [item for item in o["overrides"] if item not in shared]
@@ -84,6 +94,7 @@ def summary_line(outcomes, sweep_dir) -> str:
 class SweepReport(Callback):
     def __init__(self):
         self._recorded = {}  # run directory -> whether it held an HParams record when its job started
+        self._before = None  # outcome_files of the sweep directory when the sweep started
 
     def on_job_start(self, config, **kwargs) -> None:
         run_dir = str(config.hydra.runtime.output_dir)
@@ -113,19 +124,95 @@ class SweepReport(Callback):
         record = {"status": outcome["status"], "error": outcome["error"], "job": int(config.hydra.job.num),
                   "overrides": list(config.hydra.overrides.task), "run_dir": str(run_dir),
                   "metric": headline_of(config, outcome["value"]), "value": outcome["value"]}
-        (run_dir / OUTCOME).write_text(json.dumps(record, indent=1) + "\n")
+        try:
+            write_outcome(run_dir / OUTCOME, record)
+        except OSError as error:  # the sweep's report counts a job folder without an outcome as failed
+            log.warning("could not write the job's outcome to %s: %s", run_dir / OUTCOME, error)
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        self._before = outcome_files(Path(os.path.abspath(config.hydra.sweep.dir)))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(os.path.abspath(config.hydra.sweep.dir))
-        outcomes = sorted((json.loads(path.read_text()) for path in sweep_dir.glob(f"*/{OUTCOME}")),
-                          key=lambda o: o["job"])
+        outcomes = sorted(sweep_outcomes(sweep_dir, self._before),
+                          key=lambda o: (o["job"] is None, o["job"] or 0, o["run_dir"]))
         failed = [o for o in outcomes if o["status"]]
         lines = []
         if failed:
             lines.append(f"{len(failed)} of {len(outcomes)} jobs failed:")
-            lines += [f"  job {o['job']} ({' '.join(o['overrides'])}) in {o['run_dir']}: {o['error']}" for o in failed]
+            lines += [f"  {job_name(o)} in {o['run_dir']}: {o['error']}" for o in failed]
         lines.append(summary_line(outcomes, sweep_dir))
         print("\n".join(lines), file=sys.stderr)
         if failed:
             from tf_harness.experiments import cli
             cli.note_status(max(o["status"] for o in failed))
+
+
+def write_outcome(path: Path, record) -> None:
+    """Writes `record` to `path` whole or not at all: a full disk or a kill leaves the previous file, or none."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        staging.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+def outcome_files(sweep_dir: Path) -> dict:
+    """{job folder: what identifies its job_outcome.json (None without one)} of the folders in `sweep_dir`; a rewrite
+    replaces the file (write_outcome), so its inode changes even where the clock is coarse."""
+    found = {}
+    for folder in (sorted(sweep_dir.iterdir()) if sweep_dir.is_dir() else ()):
+        if folder.is_dir() and not folder.name.startswith("."):  # .submitit/ holds the launcher's logs
+            try:
+                stat = (folder / OUTCOME).stat()
+                found[folder] = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            except OSError:
+                found[folder] = None
+    return found
+
+
+def sweep_outcomes(sweep_dir: Path, before) -> list:
+    """The outcomes of the sweep's jobs: each folder's job_outcome.json written since `before` (outcome_files at the
+    sweep's start; None: every one), read or reported unreadable; a folder made since then without one, failed."""
+    outcomes = []
+    for folder, now in outcome_files(sweep_dir).items():
+        if before is not None and folder in before and before[folder] == now:
+            continue  # an earlier sweep's, or a folder none of this sweep's jobs ran in
+        if now is None:
+            if before is not None:  # a job ran here, but its outcome could not be written
+                outcomes.append(unknown_outcome(folder, f"no {OUTCOME}: the job could not write it"))
+            continue
+        outcomes.append(read_outcome(folder / OUTCOME))
+    return outcomes
+
+
+def read_outcome(path: Path) -> dict:
+    """The job outcome in `path`, or, when it cannot be read or lacks what a job writes, a failed one saying so."""
+    try:
+        record = json.loads(path.read_text())
+    except OSError as error:  # a folder in its place, no permission
+        return unknown_outcome(path.parent, f"{path.name} cannot be read ({error.strerror})")
+    except ValueError:  # empty, cut short, garbled, not text
+        empty = " (it is empty)" if not path.stat().st_size else ""
+        return unknown_outcome(path.parent, f"{path.name} is not JSON{empty}")
+    wrong = [key for key, kinds in FIELDS.items()
+             if not isinstance(record, dict) or not isinstance(record.get(key, ...), kinds)]
+    if not wrong and not all(isinstance(item, str) for item in record["overrides"]):
+        wrong = ["overrides"]
+    if wrong:
+        return unknown_outcome(path.parent, f"{path.name} is not a job outcome (no valid {', '.join(wrong)})")
+    return record
+
+
+def unknown_outcome(folder: Path, why) -> dict:
+    """A failed outcome for the job in `folder` whose outcome is unknown: `why`."""
+    return {"status": 1, "error": f"error: the job's outcome is unknown: {why}",
+            "job": int(folder.name) if folder.name.isdigit() else None, "overrides": None, "run_dir": str(folder),
+            "metric": None, "value": None}
+
+
+def job_name(outcome) -> str:
+    """`job <n> (<overrides>)`, as much of it as is known."""
+    name = "job" if outcome["job"] is None else f"job {outcome['job']}"
+    return name if outcome["overrides"] is None else f"{name} ({' '.join(outcome['overrides'])})"

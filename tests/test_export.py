@@ -138,6 +138,47 @@ def test_an_export_is_written_once_and_a_killed_exports_staging_folder_removed(o
     assert export.export(SimpleNamespace(**{**vars(estimator), "chief": False})) is None  # the chief alone writes
 
 
+def test_an_export_folder_that_holds_no_complete_savedmodel_is_refused_and_left_as_it_is(tmp_path):
+    """An empty export/<step>/, or one whose saved_model.pb was cut short, was logged as exported, exit 0."""
+    import shutil
+    from tf_harness.experiments.checkpoints import UnrestorableError
+    cfg = tiny_config("lfw_pairs")
+    task, trainer = tiny_trainer(cfg)
+    estimator = SimpleNamespace(chief=True, checkpoint_dir=tmp_path / "checkpoints", model_dir=tmp_path, task=task,
+                                spec=task.SPEC, trainer=trainer, cfg=cfg)
+    trainer.global_step.assign(2)
+    trainer.checkpoint().write(str(tmp_path / "checkpoints" / "ckpt-2"))
+    whole = export.export(estimator)
+    pb = (whole / "saved_model.pb").read_bytes()
+    damages = {"no saved_model.pb": lambda target: (target / "saved_model.pb").unlink(),
+               "saved_model.pb does not parse": lambda target: (target / "saved_model.pb").write_bytes(pb[:-7]),
+               "saved_model.pb holds no serving_default signature":
+                   lambda target: (target / "saved_model.pb").write_bytes(b""),
+               "variables/variables.index does not open": lambda target: shutil.rmtree(target / "variables"),
+               "a data file of variables/ is missing":
+                   lambda target: (target / "variables" / "variables.data-00000-of-00001").unlink()}
+    kept = shutil.copytree(whole, tmp_path / "kept")
+    target = whole
+    for reason, damage in damages.items():
+        shutil.rmtree(target)
+        shutil.copytree(kept, target)
+        damage(target)
+        before = {path: path.read_bytes() if path.is_file() else None for path in target.rglob("*")}
+        with pytest.raises(UnrestorableError) as refused:  # cli: one line, exit 1
+            export.export(estimator)
+        assert str(refused.value) == (
+            f"{target} is there but is not a complete export ({reason}); global step 2 cannot be exported while it "
+            f"is there: move it out of {target.parent}, then run mode=export again")
+        assert refused.value.before_start  # it changed nothing: the run's HParams status stays
+        assert {path: path.read_bytes() if path.is_file() else None for path in target.rglob("*")} == before
+        assert sorted(path.name for path in target.parent.iterdir()) == ["2"]
+    shutil.rmtree(target)
+    target.mkdir()  # the reported case: an empty folder
+    with pytest.raises(UnrestorableError, match=r"\(no saved_model.pb\)"):
+        export.export(estimator)
+    assert not any(target.iterdir())
+
+
 # Run in a fresh interpreter with no tf_harness import: serves predictions.csv's files through the export.
 SERVE = """
 import csv, json, sys

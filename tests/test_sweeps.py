@@ -208,3 +208,83 @@ def test_every_sweep_ends_with_its_summary_line_after_the_failed_jobs(tmp_path, 
     else:
         assert lines == [f"2 jobs ran, 0 failed; {best}"]
     assert cli._status == int(failed)
+
+
+def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_left_out(tmp_path, capsys, monkeypatch):
+    """An empty job_outcome.json made a failed sweep exit 0, without its report: reading it raised, and Hydra
+    turned that into a warning."""
+    from tf_harness.experiments import cli
+    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    monkeypatch.setattr(cli, "_status", 0)
+    # An earlier sweep's, into the same directory:
+    stale = {"2": "", "3": json.dumps(outcome(3, status=2, sweep=str(tmp_path)))}
+    for job, text in stale.items():
+        (tmp_path / job).mkdir()
+        (tmp_path / job / OUTCOME).write_text(text)
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    report = SweepReport()
+    report.on_multirun_start(config=config)
+    for job, metric in ((0, 0.75), (1, 0.5)):
+        (tmp_path / str(job)).mkdir()
+        end_job(report, job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), job_return(metric))
+    damaged = {"4": b'{"status": 0, "err', "5": b"[1, 2]", "6": b'{"status": 0}', "8": b"\xff", "10": b""}
+    for job, content in damaged.items():  # cut short, not an outcome, keys missing, not text, empty
+        (tmp_path / job).mkdir()
+        (tmp_path / job / OUTCOME).write_bytes(content)
+    (tmp_path / "7" / OUTCOME).mkdir(parents=True)  # a folder in its place
+    (tmp_path / "9").mkdir()  # a job that could not write its outcome
+    report.on_multirun_end(config=config)
+    lines = capsys.readouterr().err.splitlines()
+    unknown = "error: the job's outcome is unknown: job_outcome.json"
+    assert lines == ["7 of 9 jobs failed:",
+                     f"  job 4 in {tmp_path / '4'}: {unknown} is not JSON",
+                     f"  job 5 in {tmp_path / '5'}: {unknown} is not a job outcome "
+                     f"(no valid status, error, job, overrides, run_dir, metric, value)",
+                     f"  job 6 in {tmp_path / '6'}: {unknown} is not a job outcome "
+                     f"(no valid error, job, overrides, run_dir, metric, value)",
+                     f"  job 7 in {tmp_path / '7'}: {unknown} cannot be read (Is a directory)",
+                     f"  job 8 in {tmp_path / '8'}: {unknown} is not JSON",
+                     f"  job 9 in {tmp_path / '9'}: error: the job's outcome is unknown: no job_outcome.json: "
+                     f"the job could not write it",
+                     f"  job 10 in {tmp_path / '10'}: {unknown} is not JSON (it is empty)",
+                     f"9 jobs ran, 7 failed; best accuracy 0.7500 in job 0 (seed=1): {tmp_path / '0'}"]
+    assert cli._status == 1
+    assert (tmp_path / "2" / OUTCOME).read_text() == "" and (tmp_path / "3" / OUTCOME).read_text() == stale["3"]
+
+
+def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, caplog):
+    """A full disk mid-write left a cut-short job_outcome.json."""
+    import errno
+    import pathlib
+    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    run_dir = tmp_path / "0"
+    run_dir.mkdir()
+    (run_dir / OUTCOME).write_text("an earlier outcome\n")
+
+    def full_disk(path, text, *args, **kwargs):
+        with open(path, "w") as f:
+            f.write(text[:10])
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full_disk)
+    end_job(SweepReport(), job_config(run_dir), job_return(0.5))
+    monkeypatch.undo()
+    assert sorted(path.name for path in run_dir.iterdir()) == [OUTCOME]
+    assert (run_dir / OUTCOME).read_text() == "an earlier outcome\n"
+    assert f"could not write the job's outcome to {run_dir / OUTCOME}" in caplog.text
+    end_job(SweepReport(), job_config(run_dir), job_return(0.5))
+    assert json.loads((run_dir / OUTCOME).read_text())["value"] == 0.5
+
+
+def test_a_sweep_into_a_directory_of_an_earlier_sweep_reports_its_own_jobs_alone(tmp_path):
+    """The joblib sweep exited 0 with its failed job unreported: an earlier sweep's folder 2 held an empty outcome."""
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "job_outcome.json").write_text("")
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / "job_outcome.json").write_text(json.dumps(outcome(3, value=0.99, sweep=str(tmp_path))))
+    result = run_cli("-m", "hydra/launcher=joblib", *SMOKE, "dataset.root=/nonexistent/a,/nonexistent/b",
+                     f"hydra.sweep.dir={tmp_path}", timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "raised" not in result.stderr
+    assert "2 of 2 jobs failed:" in result.stderr
+    assert last_line(result.stderr) == f"2 jobs ran, 2 failed; no job reported a validation metric: {tmp_path}"

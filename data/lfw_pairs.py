@@ -10,6 +10,7 @@ Evaluation uses the fixed protocol pairs. Training draws fresh balanced pairs
 every step, in the graph, from every person of the image tree who is not in the
 evaluation pairs, so no evaluation person is ever seen in training.
 """
+import codecs
 import logging
 import os
 import re
@@ -65,6 +66,27 @@ def _malformed(path, line_number, why):
     return DatasetError(f"{path}:{line_number}: {why}")
 
 
+def _read_lines(path) -> list:
+    """The lines of the text file at `path`, less a leading byte-order mark (as the chest CSV reader takes).
+
+    Raises:
+        DatasetError: naming the file, for one that cannot be read or is not UTF-8 text (and the line and byte).
+    """
+    try:
+        content = Path(path).read_bytes()
+    except OSError as error:  # a directory in its place, no permission, a read error
+        raise DatasetError(f"{path} cannot be read ({error.strerror or error}); "
+                           f"restore it from the LFW release") from None
+    bom = len(codecs.BOM_UTF8) if content.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return content[bom:].decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        byte = bom + error.start
+        raise _malformed(path, content[:byte].count(b"\n") + 1,
+                         f"byte {byte} (0x{content[byte]:02x}) is not UTF-8 text; the file is damaged, restore it "
+                         f"from the LFW release") from None
+
+
 def read_pairs(path) -> pd.DataFrame:
     """Parses a pairs file into one row per pair: name_a, number_a, name_b, number_b, label, fold, line.
 
@@ -73,10 +95,11 @@ def read_pairs(path) -> pd.DataFrame:
     different-person lines ``name1 n1 name2 n2``.
 
     Raises:
-        DatasetError: naming the file and line, for a line that is not a pair or
-            a header that does not match the number of pairs.
+        DatasetError: naming the file and line, for a line that is not a pair,
+            a header that does not match the number of pairs, or bytes that are
+            not UTF-8 text; naming the file, for one that cannot be read.
     """
-    lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark, as the chest CSV reader takes
+    lines = _read_lines(path)
     if not lines:
         raise DatasetError(f"{path} is empty; expected a header line such as '10\\t300'")
     header = lines[0].split()
@@ -106,9 +129,13 @@ def read_pairs(path) -> pd.DataFrame:
 
 
 def _find_pairs_file(root: Path, folder: Path, name: str) -> Path:
-    for candidate in (root / name, folder.parent / name, folder / name):
+    candidates = (root / name, folder.parent / name, folder / name)
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
+    for candidate in candidates:
+        if candidate.exists():
+            raise DatasetError(f"{candidate} is not a file (a directory?); restore {name} from the LFW release")
     raise DatasetError(f"{name} not found in {root}; it is needed for the evaluation pairs (dataset.eval_pairs)")
 
 

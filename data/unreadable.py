@@ -12,7 +12,9 @@ reason found on the host. No Python runs per example: only per failed one, on th
 costs CPU, so input_fn uses it where every record must decode (evaluation) and, in training, for
 each file's first decode only (data/input_fn.py, `_loaded`).
 """
+import logging
 import os
+import re
 from pathlib import Path
 
 import tensorflow as tf
@@ -24,6 +26,14 @@ from tf_harness.data.verification import problem
 # otherwise leave a filter waiting forever.
 MAX_FAILED_IN_A_ROW = 1000
 FAILED_IN_A_ROW = "records in a row failed to read or decode"
+# A report is named by the hash of the paths it lists (`guard`): a file whose name is not the hash of its
+# content was not written whole by a pipeline, and is not taken for one.
+_REPORT_NAME = re.compile(r"(\d+)\.txt")
+_HASH_BUCKETS = 2 ** 62
+# Report files logged as ignored, by (path, size, mtime): each once, until it changes.
+_ignored = set()
+
+log = logging.getLogger(__name__)
 
 
 def report_folder(model_dir) -> Path:
@@ -47,7 +57,7 @@ def guard(load, paths, report_dir=None):
             return tf.constant(True)
         listed = tf.strings.reduce_join(tf.stack(paths(record)), separator="\n")
         # Named by the paths' hash: a file that fails every epoch is reported once.
-        name = tf.strings.as_string(tf.strings.to_hash_bucket_fast(listed, 2 ** 62))
+        name = tf.strings.as_string(tf.strings.to_hash_bucket_fast(listed, _HASH_BUCKETS))
         tf.io.write_file(tf.strings.join([str(report_dir), "/", name, ".txt"]), listed)
         return tf.constant(True)
 
@@ -101,11 +111,43 @@ def _reason(path) -> str:
     return None
 
 
+def _written_by_guard(name, content: bytes) -> bool:
+    """Whether a report file named `name` holding `content` is one `guard` wrote: named by its content's hash."""
+    match = _REPORT_NAME.fullmatch(name)
+    return bool(match) and int(match.group(1)) == int(tf.strings.to_hash_bucket_fast(content, _HASH_BUCKETS))
+
+
+def _listed_paths(path) -> list:
+    """The image paths that the report file at `path` lists; none, logged once, for a file `guard` did not write
+    (a name that is not the hash of its content: damaged, cut short, or put there) or a directory."""
+    try:
+        content, why = Path(path).read_bytes(), None
+    except IsADirectoryError:
+        content, why = b"", f"{path} is a directory, not a report; ignored"
+    except OSError as error:
+        content, why = b"", f"{path} cannot be read ({error.strerror or error}); ignored"
+    if why is None and not _written_by_guard(Path(path).name, content):
+        why = f"{len(content.splitlines())} unreadable lines in {path} ignored (not a report a pipeline wrote)"
+    if why is None:
+        # Paths as the tables hold them, which the pipeline wrote as UTF-8.
+        return content.decode("utf-8", "surrogateescape").split("\n")
+    try:
+        stat = os.stat(path)
+        state = (str(path), stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        state = (str(path),)
+    if state not in _ignored:
+        _ignored.add(state)
+        log.warning("%s", why)
+    return []
+
+
 def collect(report_dir, known) -> list:
     """The (path, reason) rows for records reported in `report_dir` whose paths are not in `known`.
 
     A record of several images (an LFW pair) lists each; the image that fails on the host is named, or
-    all of them, when none does again (a read that failed only for a while).
+    all of them, when none does again (a read that failed only for a while). A file that is not a report
+    `guard` wrote lists nothing (`_listed_paths`).
     """
     rows = []
     try:
@@ -113,7 +155,7 @@ def collect(report_dir, known) -> list:
     except FileNotFoundError:
         return rows
     for entry in reports:
-        paths = [path for path in Path(entry.path).read_text().splitlines() if path and path not in known]
+        paths = [path for path in _listed_paths(entry.path) if path and path not in known]
         reasons = [(path, _reason(path)) for path in paths]
         failing = [(path, reason) for path, reason in reasons if reason]
         rows += failing or [(path, "failed to read or decode during the run (reads whole now)") for path in paths]

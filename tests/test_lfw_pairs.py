@@ -3,6 +3,7 @@ import glob
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -110,6 +111,34 @@ def test_a_header_that_miscounts_the_pairs_is_an_error(tmp_path, real):
     path = tmp_path / "pairs.txt"
     path.write_text((real / "lfw" / "pairs.txt").read_text().replace("10\t300", "10\t299", 1))
     with pytest.raises(DatasetError, match=r"pairs.txt:1: .*5980 pairs, found 6000"):
+        lfw_pairs.read_pairs(path)
+
+
+@pytest.mark.parametrize("which, name", [("dev_test", "pairsDevTest.txt"), ("pairs", "pairs.txt")])
+def test_bytes_that_are_not_utf8_are_an_error_naming_file_line_and_byte(real_tree, which, name):
+    """Bytes 10 and 11 of the file become ff fe, a byte-order mark's bytes where none belongs."""
+    path = real_tree / name
+    content = bytearray((real_tree / "pairsDevTest.txt").read_bytes())
+    content[10:12] = b"\xff\xfe"
+    path.write_bytes(bytes(content))
+    task = task_of(compose("dataset=lfw_pairs", f"dataset.eval_pairs={which}"))
+    with pytest.raises(DatasetError) as error:
+        task.index(real_tree, SkipLog())
+    assert str(error.value) == (f"{path}:2: byte 10 (0xff) is not UTF-8 text; the file is damaged, restore it "
+                                f"from the LFW release")
+    path.write_bytes(b"\xef\xbb\xbf" + bytes(content))  # after a byte-order mark, which is taken: byte 13
+    with pytest.raises(DatasetError, match=re.escape(f"{path}:2: byte 13 (0xff) is not UTF-8 text")):
+        task.index(real_tree, SkipLog())
+
+
+def test_a_directory_in_place_of_a_pairs_file_is_an_error_naming_it(real_tree, tmp_path):
+    path = real_tree / "pairsDevTest.txt"
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(DatasetError, match=re.escape(f"{path} is not a file (a directory?); restore "
+                                                     f"pairsDevTest.txt from the LFW release")):
+        task_of(compose("dataset=lfw_pairs")).index(real_tree, SkipLog())
+    with pytest.raises(DatasetError, match=re.escape(f"{path} cannot be read (Is a directory); restore it")):
         lfw_pairs.read_pairs(path)
 
 

@@ -192,6 +192,69 @@ def test_a_rerun_rewrites_only_a_damaged_shard_and_readers_ignore_tmp_files(tmp_
     assert not stray.exists()
 
 
+def _damage_manifest(path, how):
+    """Damages the manifest at `path` as a bad disk, an editor or a mistaken command might."""
+    content = path.read_text()
+    if how == "cut short":
+        path.write_text(content[:100])
+    elif how == "emptied":
+        path.write_text("")
+    elif how == "a directory":
+        path.unlink()
+        path.mkdir()
+    elif how == "a key missing":
+        manifest = json.loads(content)
+        del manifest["splits"]["validation"]["shards"][0]["sha256"]
+        path.write_text(json.dumps(manifest))
+    else:  # not UTF-8
+        path.write_bytes(b"\xff\xfe" + content.encode()[2:])
+
+
+@pytest.mark.parametrize("how", ["cut short", "emptied", "a directory", "a key missing", "not UTF-8"])
+def test_a_damaged_manifest_is_one_error_naming_it_and_the_converter(converted, tmp_path, how):
+    cfg, manifest, _ = converted("lfw_pairs", "encoded")
+    directory = tmp_path / "shards"
+    shutil.copytree(cfg.tfrecord.dir, directory)
+    _damage_manifest(directory / "manifest.json", how)
+    cfg = _override(cfg, f"tfrecord.dir={directory}")
+    with pytest.raises(DatasetError) as error:
+        read_shards(cfg, "validation", False)
+    message = str(error.value)
+    assert message.startswith(f"{directory / 'manifest.json'} is damaged (") and "\n" not in message
+    assert message.endswith("; run `python -m tf_harness.data.tfrecords dataset=lfw_pairs` to convert the dataset "
+                            "again")
+
+
+def test_the_converter_takes_a_damaged_manifest_for_none_and_removes_no_file_it_did_not_write(converted, tmp_path,
+                                                                                             caplog):
+    cfg, clean, _ = converted("lfw_pairs", "encoded")
+    directory = tmp_path / "shards"
+    shutil.copytree(cfg.tfrecord.dir, directory)
+    _damage_manifest(directory / "manifest.json", "cut short")
+    cfg = _override(cfg, f"tfrecord.dir={directory}")
+    shard = directory / clean["splits"]["validation"]["shards"][0]["file"]
+    before = os.stat(shard)
+    unknown = directory / "validation-00003-of-00007.tfrecord"  # named like a shard; no manifest lists it
+    unknown.write_bytes(b"someone else's")
+    with caplog.at_level(logging.WARNING, logger="tf_harness.data.tfrecords"):
+        manifest = convert_shards(cfg)
+    assert manifest == json.loads((directory / "manifest.json").read_text())
+    assert manifest["splits"] == clean["splits"]
+    assert os.stat(shard).st_ino != before.st_ino  # unverified, so written again
+    assert unknown.read_bytes() == b"someone else's"
+    damaged = [record.getMessage() for record in caplog.records if "is damaged" in record.getMessage()]
+    assert len(damaged) == 1 and damaged[0].startswith(f"{directory / 'manifest.json'} is damaged (not JSON: ")
+    assert damaged[0].endswith("); converting every shard again, and replacing it")
+    assert any("1 file(s)" in record.getMessage() and unknown.name in record.getMessage()
+               for record in caplog.records)
+    read_shards(cfg, "validation", False)  # whole again
+
+    _damage_manifest(directory / "manifest.json", "a directory")
+    with pytest.raises(DatasetError, match="manifest.json is a directory, not the converter's manifest; move it "
+                                           "away and run `python -m tf_harness.data.tfrecords dataset=lfw_pairs`"):
+        convert_shards(cfg)
+
+
 def test_pair_tables_store_one_image_feature_set_per_path_column():
     assert [layout.image_prefix(column) for column in ("path", "path_a", "path_b")] == ["image", "image_a",
                                                                                           "image_b"]

@@ -1,6 +1,7 @@
 """Image files checked at both ends, once per file, and damaged files kept out of runs that did not check them."""
 import csv
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -182,6 +183,32 @@ def test_files_damaged_inside_are_left_out_and_reported_with_their_reason(damage
     assert not any(image.max() == 0 for batch, _, _ in batches for image in batch)
     assert [path for path, _ in unreadable.collect(unreadable.report_folder(model_dir), set())] == [
         str(damaged_inside_tree / "images" / DAMAGED_INSIDE)]
+
+
+def test_only_reports_a_pipeline_wrote_become_skipped_rows(tmp_path, real, caplog):
+    """A damaged report file, one put in the report folder, or a directory there is one log line each, once,
+    and no rows: never a traceback, nor a skipped.csv row for a line a pipeline did not write."""
+    from tf_harness.data import unreadable
+    damaged = tmp_path / "damaged.png"
+    damaged.write_bytes(next((real / "nih" / "images").glob("*.png")).read_bytes()[:100])
+    report_dir = unreadable.report_folder(tmp_path / "run")
+    report_dir.mkdir(parents=True)
+    load = lambda path: (tf.image.resize(tf.io.decode_png(tf.io.read_file(path), 1), [4, 4]), 0)  # noqa: E731
+    guard = unreadable.guard(load, lambda path: [path], report_dir)
+    assert [weight for *_, weight in tf.data.Dataset.from_tensors(str(damaged)).map(guard)] == [0.0]
+    reports = list(report_dir.iterdir())
+    bad_bytes, two_lines, folder = (report_dir / f"{number}.txt" for number in (1, 2, 3))
+    bad_bytes.write_bytes(b"\xff\xfe\0garbage")
+    two_lines.write_text("garbage line one\n/etc/passwd")
+    folder.mkdir()
+    with caplog.at_level(logging.WARNING, logger="tf_harness.data.unreadable"):
+        rows = unreadable.collect(report_dir, set())
+        assert unreadable.collect(report_dir, set(path for path, _ in rows)) == []  # logged once
+    assert len(reports) == 1 and [path for path, _ in rows] == [str(damaged)]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"1 unreadable lines in {bad_bytes} ignored (not a report a pipeline wrote)",
+        f"2 unreadable lines in {two_lines} ignored (not a report a pipeline wrote)",
+        f"{folder} is a directory, not a report; ignored"]
 
 
 def test_training_stops_with_one_line_when_no_record_decodes(tmp_path, real):

@@ -17,8 +17,9 @@ from pathlib import Path
 import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError, DatasetError
-from tf_harness.data.tfrecords.layout import (MANIFEST, TFRecordSettings, convert_command, fingerprint, image_prefix,
-                                   label_key, preprocessing, read_verdicts, sha256, shard_state, write_verdicts)
+from tf_harness.data.tfrecords.layout import (MANIFEST, SHARD_NAME, TFRecordSettings, convert_command, fingerprint,
+                                              image_prefix, label_key, preprocessing, read_verdicts, sha256,
+                                              shard_state, write_verdicts)
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
@@ -35,13 +36,76 @@ def _size_text(size) -> str:
     return str(size[0]) if size[0] == size[1] else f"[{size[0]},{size[1]}]"
 
 
+# The fields of manifest.json that the reader and the converter use, as the converter writes them.
+_MANIFEST_FIELDS = ("dataset", "encoding", "image_size", "preprocessing", "splits", "complete")
+_SPLIT_FIELDS = ("count", "fingerprint", "path_columns", "label_shape", "shards")
+_SHARD_FIELDS = ("file", "count", "bytes", "sha256")
+
+
+def _shard_problem(shard, complete):
+    """What is wrong with a manifest's `shard` entry, or None."""
+    if not isinstance(shard, dict) or any(field not in shard for field in _SHARD_FIELDS):
+        return f"a shard entry lacks one of {', '.join(_SHARD_FIELDS)}"
+    name = shard["file"]
+    # Only a file name the converter gives: never a path out of tfrecord.dir, nor a .tmp file.
+    if not isinstance(name, str) or not SHARD_NAME.fullmatch(name) or name.endswith(".tmp"):
+        return f"shard file {name!r} is not a shard name"
+    if complete and not (isinstance(shard["count"], int) and isinstance(shard["bytes"], int)
+                         and isinstance(shard["sha256"], str)):
+        return f"shard {name} has no count, size or sha256"
+    return None
+
+
+def _manifest_problem(manifest):
+    """What makes `manifest`, as parsed from JSON, other than one the converter writes, or None."""
+    if not isinstance(manifest, dict) or any(field not in manifest for field in _MANIFEST_FIELDS):
+        return f"it lacks one of {', '.join(_MANIFEST_FIELDS)}"
+    if not isinstance(manifest["splits"], dict):
+        return "its splits are not a mapping"
+    for split, entry in manifest["splits"].items():
+        if not isinstance(entry, dict) or any(field not in entry for field in _SPLIT_FIELDS):
+            return f"split {split} lacks one of {', '.join(_SPLIT_FIELDS)}"
+        if not isinstance(entry["shards"], list) or not isinstance(entry["path_columns"], list):
+            return f"split {split} has no list of shards or path columns"
+        found = next(filter(None, (_shard_problem(shard, manifest["complete"]) for shard in entry["shards"])), None)
+        if found:
+            return f"split {split}: {found}"
+    return None
+
+
+def read_manifest(path: Path) -> tuple:
+    """(the manifest at `path`, None), or (None, why it is none the converter wrote): unreadable, not JSON, or
+    without a field the reader and converter use. A file that is not there is (None, None)."""
+    try:
+        content = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except IsADirectoryError:
+        return None, "a directory, not a file: move it away first"
+    except OSError as error:  # no permission, a read error
+        return None, f"unreadable: {error.strerror or error}"
+    try:
+        manifest = json.loads(content)
+    except ValueError as error:  # cut short or emptied, or not UTF-8 (UnicodeDecodeError)
+        return None, f"not JSON: {error}" if content.strip() else "empty"
+    problem = _manifest_problem(manifest)
+    return (None, problem) if problem else (manifest, None)
+
+
 def load_manifest(task, settings: TFRecordSettings) -> dict:
-    """The complete manifest in tfrecord.dir, checked against the task and settings."""
+    """The complete manifest in tfrecord.dir, checked against the task and settings.
+
+    Raises:
+        ConfigError: there is none, or it is for another dataset or config.
+        DatasetError: it is damaged (cut short, emptied, not JSON, a field missing).
+    """
     directory, command = settings.directory, convert_command(task, settings)
     path = directory / MANIFEST
-    if not path.exists():
+    manifest, problem = read_manifest(path)
+    if problem:
+        raise DatasetError(f"{path} is damaged ({problem}); run `{command}` to convert the dataset again")
+    if manifest is None:
         raise ConfigError(f"pipeline.source=tfrecord: no {MANIFEST} in tfrecord.dir={directory}; run `{command}` first")
-    manifest = json.loads(path.read_text())
     if not manifest.get("complete"):
         raise ConfigError(f"pipeline.source=tfrecord: the conversion in tfrecord.dir={directory} did not finish; "
                           f"run `{command}` again to complete it")

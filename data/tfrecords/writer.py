@@ -7,7 +7,6 @@ updated as each completes, so a killed conversion leaves nothing a reader takes
 for data and a re-run writes only the shards still missing.
 """
 import io
-import json
 import logging
 import math
 import os
@@ -19,12 +18,15 @@ import tensorflow as tf
 from PIL import Image
 from tqdm import tqdm
 
+from tf_harness.data.errors import DatasetError
 from tf_harness.data.skipped import SkipLog
 from tf_harness.data.sources import TableRecords
 from tf_harness.data.tables import load_tables, path_columns
-from tf_harness.data.tfrecords.layout import (FORMAT_VERSION, MANIFEST, SHARD_NAME, TFRecordSettings, feature_spec, fingerprint,
-                                   image_prefix, label_key, label_shape_of, preprocessing, read_verdicts, sha256,
-                                   shard_name, shard_state, write_json, write_verdicts)
+from tf_harness.data.tfrecords.layout import (FORMAT_VERSION, MANIFEST, SHARD_NAME, TFRecordSettings, convert_command,
+                                              feature_spec, fingerprint, image_prefix, label_key, label_shape_of,
+                                              preprocessing, read_verdicts, sha256, shard_name, shard_state,
+                                              write_json, write_verdicts)
+from tf_harness.data.tfrecords.reader import read_manifest
 
 log = logging.getLogger("tf_harness.data.tfrecords")
 _MB = 1_000_000
@@ -173,13 +175,31 @@ def _planned_manifest(task, settings: TFRecordSettings, tables, seed, workers):
     return manifest, jobs
 
 
-def _reuse_complete_shards(directory: Path, manifest: dict, jobs: list) -> list:
+def _earlier_manifest(path: Path, command) -> dict:
+    """The manifest an earlier run left at `path`, or None: none there, or damaged (one log line), when its
+    shards cannot be trusted and are written again.
+
+    Raises:
+        DatasetError: a directory is in its place, which the converter did not make and does not remove.
+    """
+    if path.is_dir():
+        raise DatasetError(f"{path} is a directory, not the converter's manifest; move it away and run "
+                           f"`{command}` again")
+    old, problem = read_manifest(path)
+    if problem:
+        log.warning("%s is damaged (%s); converting every shard again, and replacing it", path, problem)
+    return old
+
+
+def _reuse_complete_shards(directory: Path, manifest: dict, jobs: list, command) -> list:
     """Takes over the shards of an earlier run of the same plan that are whole; returns the jobs left to do.
 
     Writes the new manifest, with the reused shards recorded, before any shard is written.
     """
     old_path = directory / MANIFEST
-    old = json.loads(old_path.read_text()) if old_path.exists() else None
+    old = _earlier_manifest(old_path, command)
+    # Only files the converter knows it wrote are removed: those an earlier manifest lists, and the .tmp names.
+    written = {shard["file"] for entry in (old or {"splits": {}})["splits"].values() for shard in entry["shards"]}
     if old is not None and _identity(old) != _identity(manifest):
         log.warning("%s describes other shards (another encoding, size, dataset or shard plan); rewriting all",
                     old_path)
@@ -192,13 +212,26 @@ def _reuse_complete_shards(directory: Path, manifest: dict, jobs: list) -> list:
             shard.update(previous)
         else:
             pending.append((split, i, rows))
-    # Files of an earlier plan would only waste space; leftovers of a killed run are rewritten.
-    planned = {shard["file"] for entry in manifest["splits"].values() for shard in entry["shards"]}
-    for path in directory.iterdir():
-        if SHARD_NAME.fullmatch(path.name) and path.name not in planned:
-            path.unlink()
+    _remove_earlier_files(directory, manifest, written)
     write_json(old_path, manifest)
     return pending
+
+
+def _remove_earlier_files(directory: Path, manifest: dict, written: set) -> None:
+    """Removes the shards of an earlier plan, which would only waste space, and the .tmp leftovers of a killed
+    run: only files named in `written` (an earlier manifest's shards) or .tmp names of shards. Others named like
+    shards are left in place, with one log line."""
+    planned = {shard["file"] for entry in manifest["splits"].values() for shard in entry["shards"]}
+    written = written | {name + ".tmp" for name in written | planned}
+    unknown = []
+    for path in sorted(directory.iterdir()):
+        if path.name in written and path.name not in planned:
+            path.unlink()
+        elif SHARD_NAME.fullmatch(path.name) and path.name not in planned:
+            unknown.append(path.name)
+    if unknown:
+        log.warning("%d file(s) in %s named like shards are not listed by any manifest, e.g. %s; left in place "
+                    "(readers take only the shards %s lists)", len(unknown), directory, unknown[0], MANIFEST)
 
 
 def _remember_whole(directory: Path, manifest: dict) -> None:
@@ -232,7 +265,7 @@ def convert(task, settings: TFRecordSettings, seed, verify_images, max_skipped_f
     manifest, jobs = _planned_manifest(task, settings, tables, seed, workers)
     encoding = settings.encoding
 
-    pending = _reuse_complete_shards(directory, manifest, jobs)
+    pending = _reuse_complete_shards(directory, manifest, jobs, convert_command(task, settings))
     log.info("Converting %s to %s TFRecords in %s: %d of %d shards to write", task.SPEC.name, encoding,
              directory, len(pending), len(jobs))
     total = sum(len(rows) for _, _, rows in pending)

@@ -6,9 +6,15 @@ trailing comma on every row, ``Patient Sex``) and Kaggle's ``sample_labels.csv``
 (CRLF, ages like ``060Y``). Columns are taken by position, since the headers
 disagree. Images may sit anywhere below the root (flat ``images/`` or Kaggle's
 ``images_001/images/`` ...).
+
+Damaged metadata never loses or moves an image unseen: a PNG without a row in the CSV, a row cut short
+at the end of the file, and (with the official lists) an image in neither list are each listed in
+skipped.csv and counted against dataset.max_skipped_fraction; a file that cannot be read as text is a
+DatasetError naming it.
 """
 import csv
 import hashlib
+import io
 import logging
 import os
 from pathlib import Path
@@ -39,7 +45,9 @@ METADATA_FILES = ("Data_Entry_2017_v2020.csv", "Data_Entry_2017.csv", "sample_la
 # Positions shared by all variants (their header names differ).
 COLUMNS = ("image", "findings", "follow_up", "patient_id", "patient_age", "patient_sex", "view_position")
 # Bump when read_metadata's output changes, so cached tables are parsed again.
-METADATA_VERSION = 2
+METADATA_VERSION = 3
+# The official patient-wise split, in the release beside the CSV.
+TRAIN_VAL_LIST, TEST_LIST = "train_val_list.txt", "test_list.txt"
 _AGE_UNITS = {"Y": 1.0, "M": 1 / 12, "W": 1 / 52, "D": 1 / 365}
 
 
@@ -85,9 +93,35 @@ def find_metadata(root: Path, found: dict) -> Path:
     raise DatasetError(f"no Data_Entry_2017*.csv or sample_labels.csv under {root}")
 
 
+def read_text(path: Path, fix: str) -> str:
+    """The text of the metadata file `path` (UTF-8, a byte-order mark taken).
+
+    Raises:
+        DatasetError: naming the file, why it cannot be read (for a byte that is not UTF-8: its offset and line)
+            and `fix`, what to do about it.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise DatasetError(f"cannot read {path}: {error.strerror or error}; {fix}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise DatasetError(f"{path} is damaged: byte {error.start} (line {line}) is 0x{data[error.start]:02x}, "
+                           f"not UTF-8 text; {fix}") from None
+
+
+def _restore(name: str) -> str:
+    return f"restore {name} from the release"
+
+
 def cached_metadata(csv_path: Path, skipped) -> pd.DataFrame:
     """`read_metadata`, cached by the CSV's path, size and mtime: parsing NIH's 112,120 rows takes seconds."""
-    stat = csv_path.stat()
+    try:
+        stat = csv_path.stat()
+    except OSError as error:
+        raise DatasetError(f"cannot read {csv_path}: {error.strerror or error}; {_restore(csv_path.name)}") from None
     key = repr((METADATA_VERSION, str(csv_path.resolve()), stat.st_size, stat.st_mtime_ns))
     cache = cache_home() / "index" / f"chest_xray-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
     cached = pickle_cache.read(cache)
@@ -149,34 +183,86 @@ def read_metadata(csv_path: Path, skipped=None) -> pd.DataFrame:
     """Parses any variant of the metadata CSV into one row per image.
 
     A row that cannot be used (too few fields, a bad Patient ID or age, an unknown
-    finding) is left out and reported to `skipped` (a SkipLog) with its line and why.
+    finding) is left out and reported to `skipped` (a SkipLog) with its line and why. So is
+    a last row cut short (the file ends mid-row, with fewer fields than the row before): a
+    CSV truncated in a copy or download. Every release ends with a line break, and a cut
+    inside the last field only (pixel spacing, unused) leaves the row's label whole.
+
+    Raises:
+        DatasetError: the file cannot be read, or is not UTF-8 text.
     """
-    table = []
-    with open(csv_path, newline="") as f:
-        for line, row in enumerate(csv.reader(f), start=1):
-            if line == 1 or not row:
-                continue  # the header, whose names differ between releases, and blank lines
-            try:
-                table.append(_parse_row(row))
-            except ValueError as error:
-                if skipped is not None:
-                    skipped.add(row[0] if row else "", f"bad metadata: {csv_path.name} line {line}: {error}")
+    text = read_text(csv_path, _restore(csv_path.name))
+    ends_mid_row = not text.endswith(("\n", "\r"))
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    table, width = [], None
+    for line, row in enumerate(rows, start=1):
+        if line == 1 or not row:
+            continue  # the header, whose names differ between releases, and blank lines
+        try:
+            if line == len(rows) and ends_mid_row and width is not None and len(row) < width:
+                raise ValueError(f"cut short, the file ends mid-row ({len(row)} fields where the row before "
+                                 f"has {width})")
+            width = len(row)
+            table.append(_parse_row(row))
+        except ValueError as error:
+            if skipped is not None:
+                skipped.add(row[0], f"bad metadata: {csv_path.name} line {line}: {error}")
     return pd.DataFrame(table, columns=[*COLUMNS, "label"])
 
 
-def _read_list(path: Path) -> set:
-    return {line.strip() for line in path.read_text().splitlines() if line.strip()}
+def _read_list(path: Path, fix: str) -> set:
+    return {line.strip() for line in read_text(path, fix).splitlines() if line.strip()}
 
 
-def split(table: pd.DataFrame, root: Path, validation_fraction: float, seed: int) -> dict:
-    """Official lists where present, else a patient-wise split; no patient is in two splits."""
-    train_val_list, test_list = root / "train_val_list.txt", root / "test_list.txt"
-    if train_val_list.exists() or test_list.exists():
-        if train_val_list.exists():
-            in_train_val = table.image.isin(_read_list(train_val_list))
+def split(table: pd.DataFrame, root: Path, validation_fraction: float, seed: int, skipped) -> dict:
+    """Official lists where present, else a patient-wise split; no patient is in two splits.
+
+    With train_val_list.txt and test_list.txt, each image goes to the split its list names; one in
+    neither list (a list cut short, say) is left out and reported to `skipped` (a SkipLog), never moved to
+    another split. With one list alone, the images not in it are the other split, as the release's
+    lists are each other's complement, and a warning says so: without the other list, an image lost
+    from a list cut short cannot be told from one of the other split. Without either list,
+    `validation_fraction` of the patients go to validation.
+
+    Raises:
+        DatasetError: an image is in both lists (the release's lists are disjoint, so these are not its
+            files, and a test image would be trained on); no image is left for training; a list cannot
+            be read (a dangling link included, never taken for an absent list).
+    """
+    paths = [root / TRAIN_VAL_LIST, root / TEST_LIST]
+    present = [os.path.lexists(path) for path in paths]
+    fix = f"restore it from the release, or remove both {TRAIN_VAL_LIST} and {TEST_LIST} to split patient-wise"
+    if any(present):
+        train_val_names, test_names = (_read_list(path, fix) if there else None for path, there in zip(paths, present))
+        if all(present):
+            overlap = train_val_names & test_names
+            if overlap:
+                raise DatasetError(f"{TRAIN_VAL_LIST} and {TEST_LIST} share {len(overlap)} image names (e.g. "
+                                   f"{min(overlap)}), which the release's lists never do; restore both from the "
+                                   f"release, or remove both to split patient-wise")
+            in_train_val, in_test = table.image.isin(train_val_names), table.image.isin(test_names)
+            neither = table[~(in_train_val | in_test)]
+            for path in neither.path:
+                skipped.add(path, f"in neither {TRAIN_VAL_LIST} nor {TEST_LIST}")
+            if len(neither):
+                log.warning("%d of %d images are in neither %s nor %s, and left out (listed in skipped.csv): is "
+                            "one of the lists cut short?", len(neither), len(table), TRAIN_VAL_LIST, TEST_LIST)
         else:
-            in_train_val = ~table.image.isin(_read_list(test_list))
-        train_val, test = table[in_train_val], table[~in_train_val]
+            there, absent = paths if present[0] else paths[::-1]
+            in_list = table.image.isin(train_val_names if present[0] else test_names)
+            in_train_val, in_test = (in_list, ~in_list) if present[0] else (~in_list, in_list)
+            log.warning("%s is absent: the %d of %d images not in %s go to the %s split; restore %s from the "
+                        "release, so that an image lost from a list cut short is caught", absent.name,
+                        (~in_list).sum(), len(table), there.name, "test" if present[0] else "training/validation",
+                        absent.name)
+        train_val, test = table[in_train_val], table[in_test]
+        if train_val.empty and present[0]:
+            raise DatasetError(f"none of the {len(table)} indexed images is in {paths[0]} ({len(train_val_names)} "
+                               f"names), so there is nothing to train on; {fix}")
+        if train_val.empty:
+            raise DatasetError(f"all {len(table)} indexed images are in {paths[1]}, the test list, so there is nothing "
+                               f"to train on; {_restore(TRAIN_VAL_LIST)} beside it, or remove {TEST_LIST} to split "
+                               f"patient-wise")
     else:
         train_val, test = table, table.iloc[:0]
     splitter = GroupShuffleSplit(n_splits=1, test_size=validation_fraction, random_state=seed)
@@ -195,11 +281,28 @@ class ChestXray(Task):
     make_sample = staticmethod(make_sample)
 
     def index(self, root, skipped) -> dict:
-        """Tables of (path, label) per split; rows whose image file is absent are skipped."""
+        """Tables of (path, label) per split.
+
+        Skipped, each listed in `skipped`: bad rows (read_metadata), rows whose image file is absent (only
+        some archives downloaded), PNGs under `root` without a row in the CSV (a CSV cut short), and images
+        in neither official list (split).
+        """
         root = Path(root)
         files, metadata = list_tree(root)
         csv_path = find_metadata(root, metadata)
-        table = cached_metadata(csv_path, skipped)
+        parsed = SkipLog()
+        table = cached_metadata(csv_path, parsed)
+        skipped.extend(parsed.rows)
+        if table.empty:
+            first = f", the first: {parsed.rows[0][1]}" if parsed.rows else ""
+            raise DatasetError(f"{csv_path} has no usable rows ({len(parsed)} bad{first}); {_restore(csv_path.name)}")
+        named = set(table.image).union(image for image, _ in parsed.rows)  # a bad row's image is skipped once
+        unnamed = sorted(set(files) - named)
+        for image in unnamed:
+            skipped.add(files[image], f"no row in {csv_path.name}")
+        if unnamed:
+            log.warning("%d of the %d PNG files under %s have no row in %s, and are left out (listed in "
+                        "skipped.csv): is it cut short?", len(unnamed), len(files), root, csv_path.name)
         table["path"] = table.image.map(files)
         missing = table.path.isna()
         for image in table.image[missing]:
@@ -210,7 +313,7 @@ class ChestXray(Task):
         table = table[~missing]
         if table.empty:
             raise DatasetError(f"none of the images listed in {csv_path} are under {root}")
-        return split(table, root, self.options["validation_fraction"], self.seed)
+        return split(table, root, self.options["validation_fraction"], self.seed, skipped)
 
     def load(self, record):
         """Reads one X-ray as a single-channel uint8 image (RGBA files included) and its multi-hot label."""

@@ -107,15 +107,169 @@ def test_patient_wise_split_never_shares_a_patient(real_tree):
     assert not set(tables["train"].patient_id) & set(tables["validation"].patient_id)
 
 
-def test_official_lists_are_used_when_present(real_tree, real):
+# Patient 3's eight images: the real tree's images that the real train_val_list.txt leaves to the test list.
+PATIENT_3 = [f"00000003_{k:03d}.png" for k in range(8)]
+
+
+@pytest.fixture
+def official_tree(real_tree, real):
+    """The real tree with the official lists: the real train_val_list.txt, and a test_list.txt of patient 3."""
     shutil.copy(real / "nih" / "train_val_list.txt", real_tree / "train_val_list.txt")
-    (real_tree / "test_list.txt").write_text("00000003_000.png\n")
-    tables = task_of(compose("dataset=chest_xray")).index(real_tree, SkipLog())
+    (real_tree / "test_list.txt").write_text("\n".join(PATIENT_3) + "\n")
+    return real_tree
+
+
+def test_official_lists_are_used_when_present(official_tree, real):
+    skipped = SkipLog()
+    tables = task_of(compose("dataset=chest_xray")).index(official_tree, skipped)
     train_val = set(tables["train"].image) | set(tables["validation"].image)
     official = set((real / "nih" / "train_val_list.txt").read_text().split())
-    assert train_val <= official
-    assert set(tables["test"].image) == set(tables["test"].image) - official
+    assert train_val <= official and len(train_val) == 24 - 8
+    assert sorted(tables["test"].image) == PATIENT_3
     assert not set(tables["train"].patient_id) & set(tables["validation"].patient_id)
+    assert {reason for _, reason in skipped.rows} == {"missing image file"}  # the CSV's rows beyond the 24 PNGs
+
+
+def _cut(path, at):
+    """Keeps the first `at` bytes of `path`, as a copy or download that stopped there leaves it."""
+    path.write_bytes(path.read_bytes()[:at])
+
+
+def test_a_csv_cut_short_skips_each_image_left_without_a_row(real_tree):
+    """Every PNG is indexed or skipped once: the images below the cut are no row, the row cut in half is bad
+    metadata, and together they stop the run with the max_skipped_fraction line."""
+    csv_path = real_tree / "Data_Entry_2017.csv"
+    _cut(csv_path, csv_path.read_bytes().index(b"00000005_000.png") + 30)  # after "00000005_000.png,No Finding,0,"
+    skipped = SkipLog()
+    tables = task_of(compose("dataset=chest_xray")).index(real_tree, skipped)
+    indexed = sorted(image for table in tables.values() for image in table.image)
+    assert indexed == ["00000001_000.png", "00000001_001.png", "00000001_002.png", "00000002_000.png", *PATIENT_3,
+                       "00000004_000.png"]
+    assert skipped.rows[0] == ("00000005_000.png", "bad metadata: Data_Entry_2017.csv line 15: cut short, the file "
+                                                   "ends mid-row (4 fields where the row before has 11)")
+    unnamed = [f"00000005_{k:03d}.png" for k in range(1, 8)] + ["00000006_000.png", "00000007_000.png",
+                                                                 "00000008_000.png"]
+    assert skipped.rows[1:] == [(str(real_tree / "images_001" / "images" / name), "no row in Data_Entry_2017.csv")
+                                for name in unnamed]
+    assert len(indexed) + len(skipped) == 24
+    with pytest.raises(DatasetError, match=r"^11 of 24 examples were skipped \(10 no row in Data_Entry_2017.csv, "
+                                           r"1 bad metadata\), more than dataset.max_skipped_fraction=0.1"):
+        tables_of(compose("dataset=chest_xray", f"dataset.root={real_tree}"))
+
+
+def test_a_last_row_cut_anywhere_is_skipped_or_keeps_its_whole_label(tmp_path, real):
+    text = (real / "nih" / "Data_Entry_2017_head.csv").read_bytes()
+    last = text.rstrip(b"\n").rindex(b"\n") + 1
+    whole = chest_xray.read_metadata(real / "nih" / "Data_Entry_2017_head.csv").iloc[-1]
+    cut = tmp_path / "Data_Entry_2017.csv"
+    kept = 0
+    for at in range(last + 1, len(text)):  # every cut inside the last row, up to its line break
+        cut.write_bytes(text[:at])
+        skipped = SkipLog()
+        table = chest_xray.read_metadata(cut, skipped)
+        assert len(table) + len(skipped) == 57
+        if len(skipped):
+            assert len(table) == 56 and "cut short, the file ends mid-row" in skipped.rows[0][1], text[last:at]
+        else:  # cut in the last field, the pixel spacing: the label and all the fields the index uses are whole
+            assert table.iloc[-1].image == whole.image and table.iloc[-1].label == whole.label
+            kept += 1
+    assert kept == 6  # the last field empty, "0", "0.", "0.1", "0.16", and the whole row without its line break
+
+
+@pytest.mark.parametrize("which, cut_in, neither", [
+    ("train_val_list.txt", "00000005_002.png", [f"00000005_{k:03d}.png" for k in range(2, 8)]
+     + ["00000006_000.png", "00000007_000.png", "00000008_000.png"]),
+    ("test_list.txt", "00000003_005.png", PATIENT_3[5:]),
+])
+def test_a_list_cut_short_skips_the_images_in_neither_list_never_moves_them(official_tree, which, cut_in, neither):
+    path = official_tree / which
+    _cut(path, path.read_bytes().index(cut_in.encode()) + 5)
+    skipped = SkipLog()
+    tables = task_of(compose("dataset=chest_xray")).index(official_tree, skipped)
+    in_neither = [(path, reason) for path, reason in skipped.rows if reason != "missing image file"]
+    assert in_neither == [(str(official_tree / "images_001" / "images" / name),
+                           "in neither train_val_list.txt nor test_list.txt") for name in neither]
+    assert set(tables["test"].image) == set(PATIENT_3) - set(neither)
+    assert sum(len(table) for table in tables.values()) + len(neither) == 24
+
+
+def test_an_image_in_both_lists_is_an_error(official_tree):
+    with open(official_tree / "test_list.txt", "a") as f:
+        f.write("00000005_001.png\n")
+    with pytest.raises(DatasetError, match=r"^train_val_list.txt and test_list.txt share 1 image names \(e.g. "
+                                           r"00000005_001.png\), which the release's lists never do; restore both "
+                                           r"from the release, or remove both"):
+        task_of(compose("dataset=chest_xray")).index(official_tree, SkipLog())
+
+
+@pytest.mark.parametrize("there, absent", [("train_val_list.txt", "test_list.txt"),
+                                           ("test_list.txt", "train_val_list.txt")])
+def test_one_official_list_alone_takes_its_complement_as_the_other_split_and_says_so(official_tree, there, absent,
+                                                                                      caplog):
+    """As before, the images not in the one list are the other split; the warning says that an image lost from a
+    list cut short cannot be caught without the absent list."""
+    (official_tree / absent).unlink()
+    skipped = SkipLog()
+    tables = task_of(compose("dataset=chest_xray")).index(official_tree, skipped)
+    assert sorted(tables["test"].image) == PATIENT_3
+    assert sum(len(tables[name]) for name in ("train", "validation")) == 24 - 8
+    assert {reason for _, reason in skipped.rows} == {"missing image file"}
+    other = "test" if there == "train_val_list.txt" else "training/validation"
+    count = 8 if there == "train_val_list.txt" else 16
+    assert f"{absent} is absent: the {count} of 24 images not in {there} go to the {other} split; restore {absent} " \
+           f"from the release, so that an image lost from a list cut short is caught" in caplog.messages
+
+
+def test_an_empty_train_val_list_is_an_error_not_an_empty_training_split(official_tree):
+    (official_tree / "train_val_list.txt").write_bytes(b"")
+    with pytest.raises(DatasetError, match=r"none of the 24 indexed images is in .*train_val_list.txt \(0 names\), "
+                                           r"so there is nothing to train on; restore it from the release"):
+        task_of(compose("dataset=chest_xray")).index(official_tree, SkipLog())
+
+
+def test_a_test_list_alone_holding_every_image_is_an_error(official_tree):
+    (official_tree / "train_val_list.txt").unlink()
+    (official_tree / "test_list.txt").write_text("\n".join(p.name for p in official_tree.rglob("*.png")))
+    with pytest.raises(DatasetError, match=r"all 24 indexed images are in .*test_list.txt, the test list, so there is "
+                                           r"nothing to train on; restore train_val_list.txt from the release"):
+        task_of(compose("dataset=chest_xray")).index(official_tree, SkipLog())
+
+
+def _byte_ff(path, at):
+    data = bytearray(path.read_bytes())
+    data[at] = 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _directory(path):
+    path.unlink()
+    path.mkdir()
+
+
+def _dangling_link(path):
+    path.unlink()
+    path.symlink_to(path.parent / "nowhere")
+
+
+@pytest.mark.parametrize("name, damage, message", [
+    ("Data_Entry_2017.csv", lambda path: _byte_ff(path, 500),
+     r"Data_Entry_2017.csv is damaged: byte 500 \(line 7\) is 0xff, not UTF-8 text; restore Data_Entry_2017.csv "
+     r"from the release$"),
+    ("Data_Entry_2017.csv", _dangling_link,
+     r"^cannot read .*Data_Entry_2017.csv: No such file or directory; restore Data_Entry_2017.csv from the release$"),
+    ("train_val_list.txt", lambda path: _byte_ff(path, 40),
+     r"train_val_list.txt is damaged: byte 40 \(line 3\) is 0xff, not UTF-8 text; restore it from the release, or "
+     r"remove both train_val_list.txt and test_list.txt to split patient-wise$"),
+    ("train_val_list.txt", _directory,
+     r"^cannot read .*train_val_list.txt: Is a directory; restore it from the release, or remove both"),
+    ("test_list.txt", _dangling_link, r"^cannot read .*test_list.txt: No such file or directory; restore it"),
+    ("test_list.txt", _directory, r"^cannot read .*test_list.txt: Is a directory; restore it from the release, or "
+                                  r"remove both"),
+])
+def test_a_metadata_file_that_cannot_be_read_is_one_clear_error(official_tree, name, damage, message):
+    damage(official_tree / name)
+    with pytest.raises(DatasetError, match=message):
+        tables_of(compose("dataset=chest_xray", f"dataset.root={official_tree}"))
 
 
 def test_every_real_png_decodes_to_one_channel_rgba_included(real):

@@ -32,6 +32,7 @@ from tf_harness.data.samples.chest_xray import make_sample
 from tf_harness.data.skipped import SkipLog
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
+from tf_harness.data.text_files import read_text
 
 log = logging.getLogger(__name__)
 
@@ -93,25 +94,6 @@ def find_metadata(root: Path, found: dict) -> Path:
     raise DatasetError(f"no Data_Entry_2017*.csv or sample_labels.csv under {root}")
 
 
-def read_text(path: Path, fix: str) -> str:
-    """The text of the metadata file `path` (UTF-8, a byte-order mark taken).
-
-    Raises:
-        DatasetError: naming the file, why it cannot be read (for a byte that is not UTF-8: its offset and line)
-            and `fix`, what to do about it.
-    """
-    try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise DatasetError(f"cannot read {path}: {error.strerror or error}; {fix}") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise DatasetError(f"{path} is damaged: byte {error.start} (line {line}) is 0x{data[error.start]:02x}, "
-                           f"not UTF-8 text; {fix}") from None
-
-
 def _restore(name: str) -> str:
     return f"restore {name} from the release"
 
@@ -121,7 +103,7 @@ def cached_metadata(csv_path: Path, skipped) -> pd.DataFrame:
     try:
         stat = csv_path.stat()
     except OSError as error:
-        raise DatasetError(f"cannot read {csv_path}: {error.strerror or error}; {_restore(csv_path.name)}") from None
+        raise DatasetError(f"{csv_path} cannot be read ({error.strerror or error}); {_restore(csv_path.name)}") from None
     key = repr((METADATA_VERSION, str(csv_path.resolve()), stat.st_size, stat.st_mtime_ns))
     cache = cache_home() / "index" / f"chest_xray-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
     cached = pickle_cache.read(cache)

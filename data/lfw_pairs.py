@@ -10,7 +10,6 @@ Evaluation uses the fixed protocol pairs. Training draws fresh balanced pairs
 every step, in the graph, from every person of the image tree who is not in the
 evaluation pairs, so no evaluation person is ever seen in training.
 """
-import codecs
 import logging
 import os
 import re
@@ -27,6 +26,7 @@ from tf_harness.data.image_table import stateless_uniforms
 from tf_harness.data.samples.lfw_pairs import make_sample
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
+from tf_harness.data.text_files import read_text
 
 log = logging.getLogger(__name__)
 
@@ -66,27 +66,6 @@ def _malformed(path, line_number, why):
     return DatasetError(f"{path}:{line_number}: {why}")
 
 
-def _read_lines(path) -> list:
-    """The lines of the text file at `path`, less a leading byte-order mark (as the chest CSV reader takes).
-
-    Raises:
-        DatasetError: naming the file, for one that cannot be read or is not UTF-8 text (and the line and byte).
-    """
-    try:
-        content = Path(path).read_bytes()
-    except OSError as error:  # a directory in its place, no permission, a read error
-        raise DatasetError(f"{path} cannot be read ({error.strerror or error}); "
-                           f"restore it from the LFW release") from None
-    bom = len(codecs.BOM_UTF8) if content.startswith(codecs.BOM_UTF8) else 0
-    try:
-        return content[bom:].decode("utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        byte = bom + error.start
-        raise _malformed(path, content[:byte].count(b"\n") + 1,
-                         f"byte {byte} (0x{content[byte]:02x}) is not UTF-8 text; the file is damaged, restore it "
-                         f"from the LFW release") from None
-
-
 def read_pairs(path) -> pd.DataFrame:
     """Parses a pairs file into one row per pair: name_a, number_a, name_b, number_b, label, fold, line.
 
@@ -99,7 +78,7 @@ def read_pairs(path) -> pd.DataFrame:
             a header that does not match the number of pairs, or bytes that are
             not UTF-8 text; naming the file, for one that cannot be read.
     """
-    lines = _read_lines(path)
+    lines = read_text(path, "restore it from the LFW release").splitlines()
     if not lines:
         raise DatasetError(f"{path} is empty; expected a header line such as '10\\t300'")
     header = lines[0].split()

@@ -253,18 +253,19 @@ def _dangling_link(path):
 
 @pytest.mark.parametrize("name, damage, message", [
     ("Data_Entry_2017.csv", lambda path: _byte_ff(path, 500),
-     r"Data_Entry_2017.csv is damaged: byte 500 \(line 7\) is 0xff, not UTF-8 text; restore Data_Entry_2017.csv "
+     r"Data_Entry_2017.csv:7: byte 500 \(0xff\) is not UTF-8 text; the file is damaged, restore Data_Entry_2017.csv "
      r"from the release$"),
     ("Data_Entry_2017.csv", _dangling_link,
-     r"^cannot read .*Data_Entry_2017.csv: No such file or directory; restore Data_Entry_2017.csv from the release$"),
+     r"^.*Data_Entry_2017.csv cannot be read \(No such file or directory\); restore Data_Entry_2017.csv from the "
+     r"release$"),
     ("train_val_list.txt", lambda path: _byte_ff(path, 40),
-     r"train_val_list.txt is damaged: byte 40 \(line 3\) is 0xff, not UTF-8 text; restore it from the release, or "
-     r"remove both train_val_list.txt and test_list.txt to split patient-wise$"),
+     r"train_val_list.txt:3: byte 40 \(0xff\) is not UTF-8 text; the file is damaged, restore it from the release, "
+     r"or remove both train_val_list.txt and test_list.txt to split patient-wise$"),
     ("train_val_list.txt", _directory,
-     r"^cannot read .*train_val_list.txt: Is a directory; restore it from the release, or remove both"),
-    ("test_list.txt", _dangling_link, r"^cannot read .*test_list.txt: No such file or directory; restore it"),
-    ("test_list.txt", _directory, r"^cannot read .*test_list.txt: Is a directory; restore it from the release, or "
-                                  r"remove both"),
+     r"^.*train_val_list.txt cannot be read \(Is a directory\); restore it from the release, or remove both"),
+    ("test_list.txt", _dangling_link, r"^.*test_list.txt cannot be read \(No such file or directory\); restore it"),
+    ("test_list.txt", _directory, r"^.*test_list.txt cannot be read \(Is a directory\); restore it from the release, "
+                                  r"or remove both"),
 ])
 def test_a_metadata_file_that_cannot_be_read_is_one_clear_error(official_tree, name, damage, message):
     damage(official_tree / name)

@@ -173,17 +173,15 @@ def _damage(prefix: str):
 def damaged(error: BaseException):
     """The one line for a TensorFlow error reading a disk cache this process holds (a checksum that no longer
     matches), once that cache is removed so the next start fills it again; None for any other error."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        message = str(error)
-        for prefix in _held:
-            if type(error).__module__.startswith("tensorflow") and f"{prefix} " in message:
-                _remove_files(prefix)
-                reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:.*", "", message, flags=re.DOTALL)
-                return (f"the input cache {prefix} is damaged ({' '.join(reason.split())}); it was removed: run the "
-                        f"same command again, which fills it anew")
-        error = error.__cause__ or error.__context__
+    if not type(error).__module__.startswith("tensorflow"):
+        return None
+    message = str(error)
+    for prefix in _held:
+        if f"{prefix} " in message:  # TensorFlow's wording: `TensorBundle at <prefix> shard 0 (...): ...`
+            _remove_files(prefix)
+            reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:.*", "", message, flags=re.DOTALL)
+            return (f"the input cache {prefix} is damaged ({' '.join(reason.split())}); it was removed: run the "
+                    f"same command again, which fills it anew")
     return None
 
 

@@ -167,7 +167,7 @@ def guarded(task, cfg, problem) -> Outcome:
         return _failed(f"error: {_one_line(error)}", 1, ran=not getattr(error, "before_start", False))
     except Exception as error:
         # A full disk, a read-only folder, a path too long; or a disk cache damaged since it was checked.
-        line = os_errors.describe(error) or caching.damaged(error)
+        line = os_errors.describe(error) or next(filter(None, map(caching.damaged, os_errors.chain(error))), None)
         if line is None:
             raise
         return _failed(f"error: {line}", 1)

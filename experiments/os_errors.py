@@ -33,16 +33,18 @@ _REASONS = "|".join(re.escape(os.strerror(number)) for number in ADVICE)
 _TF_MESSAGE = re.compile(r"(?:(?P<path>[^\s{}]+?);?\s+)?(?P<reason>" + _REASONS + ")")
 
 
-def describe(error: BaseException) -> str | None:
-    """The one line for `error` (or the error it came from) when it is an expected OS failure; None otherwise."""
+def chain(error: BaseException):
+    """`error`, then each error it came from (its cause, or the one being handled when it was raised)."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        line = _describe_one(error)
-        if line:
-            return line
+        yield error
         error = error.__cause__ or error.__context__
-    return None
+
+
+def describe(error: BaseException) -> str | None:
+    """The one line for `error` (or the error it came from) when it is an expected OS failure; None otherwise."""
+    return next(filter(None, map(_describe_one, chain(error))), None)
 
 
 def _describe_one(error):

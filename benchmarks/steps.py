@@ -4,6 +4,7 @@
     python -m benchmarks steps first-calls [--datasets chest_xray] [--rounds 3] [--loops 1,10]
                                            [--variant nometa:'trainer.graph_optimizer={disable_meta_optimizer:true}']
     python -m benchmarks steps host-loss [--datasets lfw_pairs,imagenet_det] [--loops 1,10,50] [--jit false,true]
+                                         [--variant base: --variant ahead:trainer.fetch_ahead=true]
     python -m benchmarks steps overhead [--datasets lfw_pairs,imagenet_det] [--per-call 50] [--jit null]
     python -m benchmarks steps per-loop [--datasets lfw_pairs,imagenet_det] [--loops 1,50]
                                         [--steps lfw_pairs=100,imagenet_det=50] [--rounds lfw_pairs=3,imagenet_det=1]
@@ -14,42 +15,39 @@
 Modes, each a set of rows timed after its trace and warm-up (start-up and tracing left out):
 
 cost (the default): the trainer's traced step over a minimal one. Rows: keras, the yardstick
-    (benchmarks/step_baselines.py: a plain Keras train step on its own instance of the default model;
-    keras XLA beside it where the trainer compiles its step); step, `Trainer.train_step` (augmentation,
-    the non-finite checks and skip, the batch-norm statistics kept for a skip, the global step); loop N,
-    `Trainer.train_loop(iterator, N)` as the runner calls it. Every row reads the same few batches of the
-    training pipeline, cached in memory and repeated, so the input costs next to nothing.
-first-calls: start-up instead: the cost rows' first call of one step (loop rows: one loop), trace and
-    graph optimization included, each in a fresh process of its own so no row inherits another's warm
-    caches; --rounds paired rounds of them. keras runs under TensorFlow's own graph optimization
-    (trainer.graph_optimizer={}), the others under the config's; with --variant NAME:OVERRIDES, the loop rows
-    once per variant (and no step row), so Grappler's options can be weighed against one yardstick.
+    (benchmarks/step_baselines.py: a plain Keras train step on its own instance of the default model; keras XLA
+    beside it where the trainer compiles its step); step, `Trainer.train_step` (augmentation, the non-finite checks
+    and skip, the batch-norm statistics kept for a skip, the global step); loop N, `Trainer.train_loop(iterator, N)`.
+    Every row reads a few batches of the training pipeline cached in memory, so the input costs next to nothing.
+first-calls: start-up instead: the cost rows' first call of one step (loop rows: one loop), trace and graph
+    optimization included, each in a fresh process so no row inherits another's warm caches. keras runs under
+    TensorFlow's own graph optimization (trainer.graph_optimizer={}), the others under the config's; with --variant
+    NAME:OVERRIDES, the loop rows once per variant (no step row): Grappler's options against one yardstick.
 host-loss: how much of a step is lost to the host. Rows: ceiling, N per call (the yardstick N times in one
-    tf.function over one batch held on the device, for each N of --loops), ceiling XLA (the longest, compiled
-    whole), and loop N, jit J (the trainer's loop over the run's pipeline, per J of --jit: its own Trainer).
-    Host loss = 1 - the fastest ceiling's time per step ÷ the row's, per round; the trainer's own extra
-    device work counts as loss too, so it bounds the host's share from above.
-overhead: where that gap opens: a while loop written here around the yardstick adds, one row at a time,
-    what the trainer's loop does per step (1. resident batch, 2. + iterator, 3. + clocks, 4. + results,
-    5. + pipeline), then 6. trainer. Beside them, what the trainer's loop does not do: 3. + device condition,
-    a loop condition that reads a count kept on the device every step; beside 6, the trainer with
-    trainer.fetch_ahead=true; and with a GPU, 2. + iterator, prefetched to the device (tf.data's
-    prefetch_to_device), and beside 6 the trainer over its pipeline so prefetched. At --per-call steps per call
-    (the longest of --loops), the step under XLA where the trainer's is.
-per-loop: steps/s of `Trainer.train_loop` at each of --loops (trainer.steps_per_loop) over the run's
-    pipeline, against the first, and the milliseconds per step the longest saves: the host's per-call cost.
-variants: the trainer's loop (at the first of --loops) under several configs side by side, each row a Trainer
-    and pipeline of its own: `--variant NAME:OVERRIDES` (space-separated Hydra overrides on top of --override;
-    none: the config as it is), the first the base. By default LFW's pairs decoded from their files
-    (pipeline.image_table_mb=0) against its default, pairs gathered from the image table (data/image_table.py).
+    tf.function over one batch held on the device, for each N of --loops), ceiling XLA (the longest, compiled whole),
+    and loop N, jit J (the trainer's loop over the run's pipeline: a Trainer per J of --jit, and per --variant as
+    `loop N, jit J [NAME]`). Host loss = 1 - the fastest ceiling's time per step ÷ the row's, per round; the trainer's
+    own extra device work counts as loss, so it bounds the host's share from above.
+overhead: where that gap opens: a while loop written here around the yardstick adds, one row at a time, what the
+    trainer's loop does per step (1. resident batch, 2. + iterator, 3. + clocks, 4. + results, 5. + pipeline), then
+    6. trainer. Beside them, what the trainer's loop does not do: 3. + device condition (a loop condition reading a
+    count kept on the device every step); beside 6, the trainer with trainer.fetch_ahead=true; with a GPU, 2. +
+    iterator, prefetched to the device (tf.data's prefetch_to_device), and beside 6 the trainer over its pipeline so
+    prefetched. At --per-call steps per call (the longest of --loops), the step under XLA where the trainer's is.
+per-loop: steps/s of `Trainer.train_loop` at each of --loops (trainer.steps_per_loop) over the run's pipeline, against
+    the first, and the milliseconds per step the longest saves: the host's per-call cost.
+variants: the trainer's loop (at the first of --loops) under several configs side by side, each row a Trainer and
+    pipeline of its own: `--variant NAME:OVERRIDES` (space-separated Hydra overrides on top of --override), the first
+    the base. By default LFW's file pipeline (pipeline.image_table_mb=0) against its table (data/image_table.py).
 
-Rows run in paired rounds, the order rotated every round, so drift and other processes' load fall on every
-row alike. Reported per row (medians over rounds): steps/s, images/s (an LFW example is two images), images
-per CPU-second of this process (every thread, tf.data's included), the input-wait fraction where the row
-times it, and per-round ratios of time and of CPU per step to the mode's base row, with their spread (min–max
-over rounds). The devices TensorFlow sees and the 1-minute load average (before and after) frame the output.
+Rows run in paired rounds, the order rotated every round, so drift and other processes' load fall on every row alike.
+Reported per row (medians over rounds): steps/s, images/s (an LFW example is two images), images per CPU-second of
+this process (every thread, tf.data's included), the input-wait fraction where the row times it, and per-round ratios
+of time and of CPU per step to the mode's base row, with their spread (min–max over rounds). The devices TensorFlow
+sees and the 1-minute load average (before and after) frame the output.
 """
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -180,9 +178,11 @@ def host_loss(dataset, args, jits):
     # A ceiling per loop length: what looping alone gains a step with no host work of its own.
     rows = {f"ceiling, {n} per call": Row(ceiling_loop(cfg, info, batch, n, False), n) for n in args.loops}
     rows[f"ceiling XLA, {longest} per call"] = Row(ceiling_loop(cfg, info, batch, longest, True), longest)
-    for jit in jits:
-        trainer = make_trainer(*setup(dataset, args.override, jit, info))
-        rows.update({f"loop {n}, jit {trainer.jit_compile}": loop_row(trainer, iterator, n) for n in args.loops})
+    for jit, (variant, overrides) in itertools.product(jits, args.variant or [("", [])]):
+        row_cfg, _ = setup(dataset, [*args.override, *overrides], jit, info)
+        trainer, rows_input = make_trainer(row_cfg, info), pipeline_iterator(row_cfg, info) if overrides else iterator
+        rows.update({f"loop {n}, jit {trainer.jit_compile}{f' [{variant}]' * bool(variant)}":
+                     loop_row(trainer, rows_input, n) for n in args.loops})
 
     def fastest_ceiling(results):
         ceilings = [runs for name, runs in results.items() if name.startswith("ceiling")]

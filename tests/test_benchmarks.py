@@ -290,6 +290,16 @@ def test_steps_host_loss_prints_every_ceiling_and_each_loop(capsys):
                      rf"{SPREAD} ms per step", out), out
 
 
+def test_steps_host_loss_runs_a_trainer_per_variant_beside_the_ceilings(capsys):
+    """host-loss --variant: the trainer's loop once per variant, each under its own overrides, against one set of
+    ceilings (how trainer.fetch_ahead is weighed on a GPU)."""
+    out = run_benchmark(capsys, "steps", "host-loss", *TINY_LFW, "--loops", "2", "--jit", "false", "--steps", "2",
+                        "--rounds", "1", "--variant", "base:", "--variant", "ahead:trainer.fetch_ahead=true")
+    step_rows(out, {"ceiling, 2 per call": False, "ceiling XLA, 2 per call": False,
+                    "loop 2, jit False [base]": True, "loop 2, jit False [ahead]": True}, "spread")
+    assert "loop 2, jit False |" not in out, out  # no row outside the variants
+
+
 @pytest.mark.slow
 def test_steps_overhead_prints_each_part_added(capsys):
     out = run_benchmark(capsys, "steps", "overhead", *TINY_LFW, "--per-call", "2", "--jit", "false", "--steps", "4",

@@ -173,7 +173,7 @@ KEYS = {
     "trainer.checkpoint_input": FLAG,
     "trainer.log_every": integer(1),
     "trainer.steps_per_loop": integer(1, null="10 with a GPU or TPU, 1 on CPU alone"),
-    "trainer.fetch_ahead": FLAG,
+    "trainer.fetch_ahead": _with_null(FLAG, "on with a GPU or TPU and one replica"),
     "trainer.jit_compile": _with_null(FLAG, "XLA with a GPU and one replica, unless deterministic"),
     "trainer.graph_optimizer": _with_null(Key(graph_optimizer.ALLOWED, graph_optimizer.accepts), graph_optimizer.NULL),
     "trainer.max_nonfinite_steps": integer(1),

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from tf_harness.data.spec import DatasetSpec
-from tf_harness.experiments.trainer import NonFiniteLossError, Trainer, loop_length
+from tf_harness.experiments import trainer as trainer_module
+from tf_harness.experiments.trainer import NonFiniteLossError, Trainer, loop_length, resolve_fetch_ahead
 from tests.conftest import PROJECT, compose, event_tags, run_cli
 
 PAIRS = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3, paired=True)
@@ -176,6 +177,17 @@ def test_fetching_ahead_trains_the_same_steps_and_leaves_the_iterator_at_them():
     for old, new in zip(before, variables(ahead)):
         np.testing.assert_array_equal(old, new)
     assert float(next(three_bad)[2][0]) == 4.0  # the loop took its 6 batches, no more
+
+
+def test_fetching_ahead_is_on_by_default_only_with_an_accelerator_and_one_replica(monkeypatch):
+    """trainer.fetch_ahead: null is on where a GPU or TPU runs the step on one replica, where it measured faster;
+    off on CPU alone (this machine); true and false are kept as given."""
+    assert not make_trainer("trainer.steps_per_loop=4").fetch_ahead  # the config's default, on this CPU
+    assert make_trainer("trainer.steps_per_loop=4", "trainer.fetch_ahead=true").fetch_ahead
+    monkeypatch.setattr(trainer_module, "accelerated", lambda: True)
+    assert resolve_fetch_ahead(None, replicas=1)
+    assert not resolve_fetch_ahead(None, replicas=2)
+    assert not resolve_fetch_ahead(False, replicas=1)
 
 
 def test_fetching_ahead_waits_on_nothing_of_the_step():

@@ -122,8 +122,9 @@ def write(serving, target: Path) -> None:
 
 def damage(folder: Path) -> str | None:
     """Why `folder` is not a complete export, None when it is one, checked without loading the model: its
-    saved_model.pb parses (one cut short does not) and holds the signature, its variables' index opens, and its
-    data files, variables.data-<i>-of-<n>, are all there."""
+    saved_model.pb parses (one cut short does not) and holds the signature, its variables' index opens, its
+    data files, variables.data-<i>-of-<n>, are all there, and every variable reads back whole (each is read
+    against its checksum, so a data file cut short or written over is found here, not by whoever loads it)."""
     graph = folder / "saved_model.pb"
     if not folder.is_dir():
         return "not a folder"
@@ -138,7 +139,7 @@ def damage(folder: Path) -> str | None:
         return f"saved_model.pb holds no {SIGNATURE} signature"
     variables = folder / "variables"
     try:
-        tf.train.load_checkpoint(str(variables / "variables"))
+        reader = tf.train.load_checkpoint(str(variables / "variables"))
     except (tf.errors.OpError, ValueError):
         return "variables/variables.index does not open"
     shards = [_SHARD.match(path.name) for path in variables.iterdir()]
@@ -146,6 +147,11 @@ def damage(folder: Path) -> str | None:
     found = {int(match[1]) for match in shards if match}
     if len(counts) != 1 or found != set(range(counts.pop())):
         return "a data file of variables/ is missing"
+    for name in reader.get_variable_to_shape_map():
+        try:
+            reader.get_tensor(name)
+        except (tf.errors.OpError, ValueError, IndexError) as error:  # IndexError: TensorFlow's OUT_OF_RANGE
+            return f"variable {name} does not read back: {str(error).splitlines()[0]}"
     return None
 
 

@@ -9,6 +9,7 @@ predicts, exports, and serves predictions.csv's files from a fresh process that 
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -138,8 +139,15 @@ def test_an_export_is_written_once_and_a_killed_exports_staging_folder_removed(o
     assert export.export(SimpleNamespace(**{**vars(estimator), "chief": False})) is None  # the chief alone writes
 
 
+def flip_last_byte(path):
+    content = bytearray(path.read_bytes())
+    content[-1] ^= 0xFF
+    path.write_bytes(bytes(content))
+
+
 def test_an_export_folder_that_holds_no_complete_savedmodel_is_refused_and_left_as_it_is(tmp_path):
-    """An empty export/<step>/, or one whose saved_model.pb was cut short, was logged as exported, exit 0."""
+    """An empty export/<step>/, or one whose saved_model.pb was cut short, was logged as exported, exit 0; a
+    variables data file cut short or written over at its size passed until the export was loaded."""
     import shutil
     from tf_harness.experiments.checkpoints import UnrestorableError
     cfg = tiny_config("lfw_pairs")
@@ -150,25 +158,31 @@ def test_an_export_folder_that_holds_no_complete_savedmodel_is_refused_and_left_
     trainer.checkpoint().write(str(tmp_path / "checkpoints" / "ckpt-2"))
     whole = export.export(estimator)
     pb = (whole / "saved_model.pb").read_bytes()
-    damages = {"no saved_model.pb": lambda target: (target / "saved_model.pb").unlink(),
-               "saved_model.pb does not parse": lambda target: (target / "saved_model.pb").write_bytes(pb[:-7]),
-               "saved_model.pb holds no serving_default signature":
-                   lambda target: (target / "saved_model.pb").write_bytes(b""),
-               "variables/variables.index does not open": lambda target: shutil.rmtree(target / "variables"),
-               "a data file of variables/ is missing":
-                   lambda target: (target / "variables" / "variables.data-00000-of-00001").unlink()}
+    data = Path("variables", "variables.data-00000-of-00001")
+    read_back = r"variable \S+ does not read back: .+"  # the variable and TensorFlow's first line
+    damages = [(re.escape("no saved_model.pb"), lambda target: (target / "saved_model.pb").unlink()),
+               (re.escape("saved_model.pb does not parse"),
+                lambda target: (target / "saved_model.pb").write_bytes(pb[:-7])),
+               (re.escape("saved_model.pb holds no serving_default signature"),
+                lambda target: (target / "saved_model.pb").write_bytes(b"")),
+               (re.escape("variables/variables.index does not open"),
+                lambda target: shutil.rmtree(target / "variables")),
+               (re.escape("a data file of variables/ is missing"), lambda target: (target / data).unlink()),
+               (read_back, lambda target: (target / data).write_bytes((target / data).read_bytes()[:-100])),
+               (read_back, lambda target: flip_last_byte(target / data))]  # at its size: the checksum finds it
     kept = shutil.copytree(whole, tmp_path / "kept")
     target = whole
-    for reason, damage in damages.items():
+    for reason, damage in damages:
         shutil.rmtree(target)
         shutil.copytree(kept, target)
         damage(target)
         before = {path: path.read_bytes() if path.is_file() else None for path in target.rglob("*")}
         with pytest.raises(UnrestorableError) as refused:  # cli: one line, exit 1
             export.export(estimator)
-        assert str(refused.value) == (
-            f"{target} is there but is not a complete export ({reason}); global step 2 cannot be exported while it "
-            f"is there: move it out of {target.parent}, then run mode=export again")
+        assert re.fullmatch(
+            re.escape(f"{target} is there but is not a complete export (") + reason + re.escape(
+                f"); global step 2 cannot be exported while it is there: move it out of {target.parent}, then run "
+                "mode=export again"), str(refused.value)), str(refused.value)
         assert refused.value.before_start  # it changed nothing: the run's HParams status stays
         assert {path: path.read_bytes() if path.is_file() else None for path in target.rglob("*")} == before
         assert sorted(path.name for path in target.parent.iterdir()) == ["2"]

@@ -8,9 +8,10 @@ too, and is read back only for an equal key: a cache copied, renamed or named by
 keys share never serves the other's content.
 """
 import logging
-import os
 import pickle
 from pathlib import Path
+
+from tf_harness.data.atomic_file import replacing
 
 log = logging.getLogger(__name__)
 _KEYED = "tf-harness keyed cache"
@@ -39,7 +40,5 @@ def write(path: Path, content, key=None) -> None:
     """Pickles `content` (with `key`, for `read` to check) to `path` atomically: beside it first, then renamed
     over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as f:
+    with replacing(path, "wb") as f:
         pickle.dump(content if key is None else (_KEYED, key, content), f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(temporary, path)

@@ -1,8 +1,9 @@
 """The record of input examples that a run leaves out, written as skipped.csv."""
 import csv
 import logging
-import os
 from collections import Counter
+
+from tf_harness.data.atomic_file import replacing
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,9 @@ class SkipLog:
 
     def write(self, path):
         """Writes skipped.csv atomically; the file exists (header only) when nothing was skipped."""
-        tmp = f"{path}.{os.getpid()}.tmp"  # no other process's file to write over
-        with open(tmp, "w", newline="") as f:
+        with replacing(path, newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["path", "reason"])
             writer.writerows(self.rows)
-        os.replace(tmp, path)
         if self.rows:
             log.warning("Skipped %d input examples (%s); listed in %s", len(self), self.summary(), path)

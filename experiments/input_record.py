@@ -6,9 +6,9 @@ differ, restarts the input stream (experiments/runner.py). Nothing here imports 
 """
 import json
 import logging
-import os
 from pathlib import Path
 
+from tf_harness.data.atomic_file import replacing
 from tf_harness.experiments.run_directory import value_of
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,5 @@ def note_input(checkpoint_dir, step, signature) -> None:
         {"after_step": int(step), "input": signature}]
     path = Path(checkpoint_dir) / INPUT_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # no other process's file to write over
-    temporary.write_text(json.dumps(records, indent=1))
-    temporary.replace(path)
+    with replacing(path) as f:
+        f.write(json.dumps(records, indent=1))

@@ -7,6 +7,7 @@ import os
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
+from tf_harness.data.atomic_file import replacing
 from tf_harness.experiments import hparams as hparams_record
 from tf_harness.experiments import review
 
@@ -88,7 +89,5 @@ def write_metrics(model_dir, values: dict):
     own: a sidecar evaluator writes metrics.json beside the trainer."""
     path = os.path.join(model_dir, "metrics.json")
     clean = {key: (None if isinstance(value, float) and math.isnan(value) else value) for key, value in values.items()}
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w") as f:
+    with replacing(path) as f:
         json.dump(clean, f, indent=2, sort_keys=True)
-    os.replace(temporary, path)

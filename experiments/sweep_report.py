@@ -25,6 +25,7 @@ from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
+from tf_harness.data.atomic_file import replacing
 from tf_harness.experiments import hparams
 
 log = logging.getLogger(__name__)
@@ -150,12 +151,8 @@ class SweepReport(Callback):
 
 def write_outcome(path: Path, record) -> None:
     """Writes `record` to `path` whole or not at all: a full disk or a kill leaves the previous file, or none."""
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        staging.write_text(json.dumps(record, indent=1) + "\n")
-        os.replace(staging, path)
-    finally:
-        staging.unlink(missing_ok=True)
+    with replacing(path) as f:
+        f.write(json.dumps(record, indent=1) + "\n")
 
 
 def outcome_files(sweep_dir: Path) -> dict:

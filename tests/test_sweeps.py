@@ -255,18 +255,30 @@ def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_le
 def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, caplog):
     """A full disk mid-write left a cut-short job_outcome.json."""
     import errno
-    import pathlib
+    from tf_harness.data import atomic_file
     from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
     run_dir = tmp_path / "0"
     run_dir.mkdir()
     (run_dir / OUTCOME).write_text("an earlier outcome\n")
 
-    def full_disk(path, text, *args, **kwargs):
-        with open(path, "w") as f:
-            f.write(text[:10])
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    class FullDisk:
+        """A file on a disk that fills after its first 10 characters."""
 
-    monkeypatch.setattr(pathlib.Path, "write_text", full_disk)
+        def __init__(self, path, *args, **kwargs):
+            self.file = open(path, *args, **kwargs)
+
+        def write(self, text):
+            self.file.write(text[:10])
+            self.file.flush()
+            raise OSError(errno.ENOSPC, "No space left on device", self.file.name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            self.file.close()
+
+    monkeypatch.setattr(atomic_file, "open", FullDisk, raising=False)
     end_job(SweepReport(), job_config(run_dir), job_return(0.5))
     monkeypatch.undo()
     assert sorted(path.name for path in run_dir.iterdir()) == [OUTCOME]

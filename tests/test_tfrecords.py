@@ -179,6 +179,8 @@ def test_a_rerun_rewrites_only_a_damaged_shard_and_readers_ignore_tmp_files(tmp_
     damaged.write_bytes(bytes(content))
     stray = tmp_path / "train-00004-of-00010.tfrecord.tmp"
     stray.write_bytes(b"half a shard")
+    half_manifest = tmp_path / ".manifest.json.12345.tmp"  # a conversion killed while writing its manifest
+    half_manifest.write_text("{")
     tables = tables_of(cfg)
     # The reader takes its file list from the manifest, never from the folder.
     assert sum(1 for _ in read_shards(cfg, "validation", False, 0, tables["validation"])) == len(
@@ -189,7 +191,7 @@ def test_a_rerun_rewrites_only_a_damaged_shard_and_readers_ignore_tmp_files(tmp_
     assert again == manifest and _sha256(damaged) == manifest["splits"]["train"]["shards"][3]["sha256"]
     rewritten = [path for path in shards if os.stat(path).st_ino != before[path].st_ino]
     assert rewritten == [damaged]
-    assert not stray.exists()
+    assert not stray.exists() and not half_manifest.exists()
 
 
 def _damage_manifest(path, how):

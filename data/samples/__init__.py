@@ -12,6 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from tf_harness.data.atomic_file import replacing
 from tf_harness.data.samples import staging as staging_dir
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,8 @@ def write_manifest(root: Path) -> None:
             path = Path(folder) / name
             files[path.relative_to(root).as_posix()] = _stamp(os.stat(path))
     files.pop(MANIFEST, None)
-    temporary = root / f"{MANIFEST}.tmp"
-    temporary.write_text(json.dumps({"version": VERSION, "files": dict(sorted(files.items()))}))
-    os.replace(temporary, root / MANIFEST)
+    with replacing(root / MANIFEST) as f:
+        f.write(json.dumps({"version": VERSION, "files": dict(sorted(files.items()))}))
 
 
 def _stamp(stat) -> list:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tf_harness.data import pickle_cache
+from tf_harness.data.atomic_file import replacing
 from tf_harness.data.samples import cache_home
 from tf_harness.data.tables import path_columns
 
@@ -159,7 +160,6 @@ def write_verdicts(directory: Path, verdicts: dict) -> None:
 
 
 def write_json(path: Path, content) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(content, indent=1))
-    os.replace(tmp, path)
+    with replacing(path) as f:
+        f.write(json.dumps(content, indent=1))
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 from PIL import Image
 from tqdm import tqdm
 
+from tf_harness.data.atomic_file import is_temporary
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.skipped import SkipLog
 from tf_harness.data.sources import TableRecords
@@ -219,14 +220,14 @@ def _reuse_complete_shards(directory: Path, manifest: dict, jobs: list, command)
 
 def _remove_earlier_files(directory: Path, manifest: dict, written: set) -> None:
     """Removes the shards of an earlier plan, which would only waste space, and the .tmp leftovers of a killed
-    run: only files named in `written` (an earlier manifest's shards) or .tmp names of shards. Others named like
-    shards are left in place, with one log line."""
+    run: only files named in `written` (an earlier manifest's shards), .tmp names of shards, and the manifest's
+    temporaries (write_json). Others named like shards are left in place, with one log line."""
     planned = {shard["file"] for entry in manifest["splits"].values() for shard in entry["shards"]}
     written = written | {name + ".tmp" for name in written | planned}
     unknown = []
     for path in sorted(directory.iterdir()):
-        if path.name in written and path.name not in planned:
-            path.unlink()
+        if (path.name in written and path.name not in planned) or is_temporary(path.name, of=MANIFEST):
+            path.unlink(missing_ok=True)
         elif SHARD_NAME.fullmatch(path.name) and path.name not in planned:
             unknown.append(path.name)
     if unknown:

@@ -11,8 +11,8 @@ reported a metric has, and only then is its task looked up).
 Hydra tells the callbacks neither how many jobs a sweep has nor which, so the sweep's own are the outcomes written
 while it ran: those there when it started (a stale folder of an earlier sweep into the same directory) are left
 out unless a job of this sweep writes them again. An outcome that cannot be read counts as a failure, and so does
-a job folder made during the sweep that holds none (its job could not write it), so neither can turn a failed
-sweep into a success.
+a folder a job ran in during the sweep (it saved its config there) that holds no outcome of its own (its job could
+not write it), so neither can turn a failed sweep into a success.
 """
 import json
 import logging
@@ -156,31 +156,47 @@ def write_outcome(path: Path, record) -> None:
 
 
 def outcome_files(sweep_dir: Path) -> dict:
-    """{job folder: what identifies its job_outcome.json (None without one)} of the folders in `sweep_dir`; a rewrite
-    replaces the file (write_outcome), so its inode changes even where the clock is coarse."""
+    """{job folder: (what identifies its job_outcome.json, what identifies its config record)} of the folders in
+    `sweep_dir`, each None where there is none. A rewrite replaces the outcome (write_outcome), so its inode changes
+    even where the clock is coarse; every job that starts in a folder writes its config there (.hydra/, or
+    .hydra/reentry-<time>/ on re-entry), which tells a job that ran in an earlier sweep's folder."""
     found = {}
     for folder in (sorted(sweep_dir.iterdir()) if sweep_dir.is_dir() else ()):
         if folder.is_dir() and not folder.name.startswith("."):  # .submitit/ holds the launcher's logs
             try:
                 stat = (folder / OUTCOME).stat()
-                found[folder] = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+                written = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
             except OSError:
-                found[folder] = None
+                written = None
+            found[folder] = (written, _config_record(folder))
     return found
+
+
+def _config_record(folder: Path):
+    """The names and modification times of what the jobs run in `folder` saved of their configs; None: nothing."""
+    try:
+        saved = (folder / ".hydra").rglob("*")
+        return sorted((str(path.relative_to(folder)), path.stat().st_mtime_ns) for path in saved)
+    except OSError:
+        return None
 
 
 def sweep_outcomes(sweep_dir: Path, before) -> list:
     """The outcomes of the sweep's jobs: each folder's job_outcome.json written since `before` (outcome_files at the
-    sweep's start; None: every one), read or reported unreadable; a folder made since then without one, failed."""
-    outcomes = []
+    sweep's start; None: every one), read or reported unreadable; a folder a job ran in since then without writing
+    its own, failed."""
+    outcomes, earlier = [], before or {}
     for folder, now in outcome_files(sweep_dir).items():
-        if before is not None and folder in before and before[folder] == now:
+        written = now[0]
+        if earlier.get(folder) == now:
             continue  # an earlier sweep's, or a folder none of this sweep's jobs ran in
-        if now is None:
-            if before is not None:  # a job ran here, but its outcome could not be written
-                outcomes.append(unknown_outcome(folder, f"no {OUTCOME}: the job could not write it"))
-            continue
-        outcomes.append(read_outcome(folder / OUTCOME))
+        if before is not None and written is None:  # a job ran here, but its outcome could not be written
+            outcomes.append(unknown_outcome(folder, f"no {OUTCOME}: the job could not write it"))
+        elif folder in earlier and written == earlier[folder][0]:  # it ran where an earlier sweep's job had
+            outcomes.append(unknown_outcome(folder, f"the {OUTCOME} there is an earlier job's: this job could not "
+                                                    "write its own"))
+        elif written is not None:
+            outcomes.append(read_outcome(folder / OUTCOME))
     return outcomes
 
 

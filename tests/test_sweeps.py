@@ -252,6 +252,35 @@ def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_le
     assert (tmp_path / "2" / OUTCOME).read_text() == "" and (tmp_path / "3" / OUTCOME).read_text() == stale["3"]
 
 
+def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_failure(tmp_path, capsys, monkeypatch):
+    """A job re-entering an earlier sweep's folder that could not write its outcome was not reported: the folder's
+    outcome (an earlier job's, or none) was as it had been when the sweep started."""
+    from tf_harness.experiments import cli
+    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    monkeypatch.setattr(cli, "_status", 0)
+    for job in ("0", "1", "2"):  # an earlier sweep's folders, each with the config its job saved
+        (tmp_path / job / ".hydra").mkdir(parents=True)
+        (tmp_path / job / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    for job in ("1", "2"):
+        (tmp_path / job / OUTCOME).write_text(json.dumps(outcome(int(job), value=0.9, sweep=str(tmp_path))))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    report = SweepReport()
+    report.on_multirun_start(config=config)
+    for job in ("0", "1", "2"):  # this sweep's jobs re-enter them, saving their configs beside the first
+        (tmp_path / job / ".hydra" / "reentry-1").mkdir()
+        (tmp_path / job / ".hydra" / "reentry-1" / "config.yaml").write_text("seed: 2\n")
+    end_job(report, job_config(tmp_path / "2", 2, ("seed=2",)), job_return(0.5))  # job 2 alone writes its own
+    report.on_multirun_end(config=config)
+    lines = capsys.readouterr().err.splitlines()
+    unknown = "error: the job's outcome is unknown:"
+    assert lines == ["2 of 3 jobs failed:",
+                     f"  job 0 in {tmp_path / '0'}: {unknown} no job_outcome.json: the job could not write it",
+                     f"  job 1 in {tmp_path / '1'}: {unknown} the job_outcome.json there is an earlier job's: this job "
+                     "could not write its own",
+                     f"3 jobs ran, 2 failed; best accuracy 0.5000 in job 2 (seed=2): {tmp_path / '2'}"]
+    assert cli._status == 1
+
+
 def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, caplog):
     """A full disk mid-write left a cut-short job_outcome.json."""
     import errno

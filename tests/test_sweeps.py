@@ -210,6 +210,18 @@ def test_every_sweep_ends_with_its_summary_line_after_the_failed_jobs(tmp_path, 
     assert cli._status == int(failed)
 
 
+def started_sweep(sweep_dir):
+    """A sweep's report, started over `sweep_dir` as it is now; returns what ends it: capsys -> its stderr lines."""
+    from tf_harness.experiments.sweep_report import SweepReport
+    config, report = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}}), SweepReport()
+    report.on_multirun_start(config=config)
+
+    def end(capsys):
+        report.on_multirun_end(config=config)
+        return capsys.readouterr().err.splitlines()
+    return end
+
+
 def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_left_out(tmp_path, capsys, monkeypatch):
     """An empty job_outcome.json made a failed sweep exit 0, without its report: reading it raised, and Hydra
     turned that into a warning."""
@@ -221,20 +233,17 @@ def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_le
     for job, text in stale.items():
         (tmp_path / job).mkdir()
         (tmp_path / job / OUTCOME).write_text(text)
-    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
-    report = SweepReport()
-    report.on_multirun_start(config=config)
+    report_at_end = started_sweep(tmp_path)
     for job, metric in ((0, 0.75), (1, 0.5)):
         (tmp_path / str(job)).mkdir()
-        end_job(report, job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), job_return(metric))
+        end_job(SweepReport(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), job_return(metric))
     damaged = {"4": b'{"status": 0, "err', "5": b"[1, 2]", "6": b'{"status": 0}', "8": b"\xff", "10": b""}
     for job, content in damaged.items():  # cut short, not an outcome, keys missing, not text, empty
         (tmp_path / job).mkdir()
         (tmp_path / job / OUTCOME).write_bytes(content)
     (tmp_path / "7" / OUTCOME).mkdir(parents=True)  # a folder in its place
     (tmp_path / "9").mkdir()  # a job that could not write its outcome
-    report.on_multirun_end(config=config)
-    lines = capsys.readouterr().err.splitlines()
+    lines = report_at_end(capsys)
     unknown = "error: the job's outcome is unknown: job_outcome.json"
     assert lines == ["7 of 9 jobs failed:",
                      f"  job 4 in {tmp_path / '4'}: {unknown} is not JSON",
@@ -263,15 +272,12 @@ def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_fa
         (tmp_path / job / ".hydra" / "config.yaml").write_text("seed: 1\n")
     for job in ("1", "2"):
         (tmp_path / job / OUTCOME).write_text(json.dumps(outcome(int(job), value=0.9, sweep=str(tmp_path))))
-    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
-    report = SweepReport()
-    report.on_multirun_start(config=config)
+    report_at_end = started_sweep(tmp_path)
     for job in ("0", "1", "2"):  # this sweep's jobs re-enter them, saving their configs beside the first
         (tmp_path / job / ".hydra" / "reentry-1").mkdir()
         (tmp_path / job / ".hydra" / "reentry-1" / "config.yaml").write_text("seed: 2\n")
-    end_job(report, job_config(tmp_path / "2", 2, ("seed=2",)), job_return(0.5))  # job 2 alone writes its own
-    report.on_multirun_end(config=config)
-    lines = capsys.readouterr().err.splitlines()
+    end_job(SweepReport(), job_config(tmp_path / "2", 2, ("seed=2",)), job_return(0.5))  # job 2 alone writes its own
+    lines = report_at_end(capsys)
     unknown = "error: the job's outcome is unknown:"
     assert lines == ["2 of 3 jobs failed:",
                      f"  job 0 in {tmp_path / '0'}: {unknown} no job_outcome.json: the job could not write it",

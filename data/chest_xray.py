@@ -32,7 +32,7 @@ from tf_harness.data.samples.chest_xray import make_sample
 from tf_harness.data.skipped import SkipLog
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
-from tf_harness.data.text_files import read_text
+from tf_harness.data.text_files import read_text, unreadable
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def cached_metadata(csv_path: Path, skipped) -> pd.DataFrame:
     try:
         stat = csv_path.stat()
     except OSError as error:
-        raise DatasetError(f"{csv_path} cannot be read ({error.strerror or error}); {_restore(csv_path.name)}") from None
+        raise unreadable(csv_path, error, _restore(csv_path.name)) from None
     key = repr((METADATA_VERSION, str(csv_path.resolve()), stat.st_size, stat.st_mtime_ns))
     cache = cache_home() / "index" / f"chest_xray-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
     cached = pickle_cache.read(cache)

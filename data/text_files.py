@@ -19,7 +19,7 @@ def read_text(path, fix: str) -> str:
     try:
         content = Path(path).read_bytes()
     except OSError as error:  # a directory in its place, a dangling link, no permission, a read error
-        raise DatasetError(f"{path} cannot be read ({error.strerror or error}); {fix}") from None
+        raise unreadable(path, error, fix) from None
     mark = len(codecs.BOM_UTF8) if content.startswith(codecs.BOM_UTF8) else 0
     try:
         return content[mark:].decode("utf-8")
@@ -28,3 +28,8 @@ def read_text(path, fix: str) -> str:
         line = content.count(b"\n", 0, byte) + 1
         raise DatasetError(f"{path}:{line}: byte {byte} (0x{content[byte]:02x}) is not UTF-8 text; the file is "
                            f"damaged, {fix}") from None
+
+
+def unreadable(path, error: OSError, fix: str) -> DatasetError:
+    """The error for a release's file that the OS would not let us read (or stat): `path`, why, and `fix`."""
+    return DatasetError(f"{path} cannot be read ({error.strerror or error}); {fix}")

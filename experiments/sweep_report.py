@@ -156,8 +156,8 @@ def write_outcome(path: Path, record) -> None:
 
 
 def outcome_files(sweep_dir: Path) -> dict:
-    """{job folder: (what identifies its job_outcome.json, what identifies its config record)} of the folders in
-    `sweep_dir`, each None where there is none. A rewrite replaces the outcome (write_outcome), so its inode changes
+    """{job folder: (what identifies its job_outcome.json, None without one; what identifies its config record)}
+    of the folders in `sweep_dir`. A rewrite replaces the outcome (write_outcome), so its inode changes
     even where the clock is coarse; every job that starts in a folder writes its config there (.hydra/, or
     .hydra/reentry-<time>/ on re-entry), which tells a job that ran in an earlier sweep's folder."""
     found = {}
@@ -173,7 +173,8 @@ def outcome_files(sweep_dir: Path) -> dict:
 
 
 def _config_record(folder: Path):
-    """The names and modification times of what the jobs run in `folder` saved of their configs; None: nothing."""
+    """The names and modification times of what the jobs run in `folder` saved of their configs (none: empty);
+    None where they cannot be listed."""
     try:
         saved = (folder / ".hydra").rglob("*")
         return sorted((str(path.relative_to(folder)), path.stat().st_mtime_ns) for path in saved)

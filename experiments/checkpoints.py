@@ -24,11 +24,14 @@ The run numbers its checkpoints by global step (`checkpoint_number=step`: ckpt-N
 `input_pipelines.json` and the users read), so a run that resumes from a checkpoint older than the newest file
 (that one non-finite or unreadable) would reach the newer one's name and overwrite it. It refuses instead, before
 training, naming the file and how to go on (`CheckpointAheadError`); renaming its saves would break N = step.
-`Manager.save` refuses, too, any name it did not write itself.
+`Manager.save` refuses, too, any name it did not write itself. A save that fails part-way (a disk filled up
+while the merged index was written leaves the data beside an index cut short) removes what it wrote, so that
+the run resumes from the checkpoint before it once there is room, rather than being refused by its remains.
 """
 import logging
 import os
 import re
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -242,11 +245,38 @@ class Manager(tf.train.CheckpointManager):
         if prefix not in self._own and Path(f"{prefix}.index").exists():
             raise CheckpointAheadError(f"{prefix} was not saved by this run and would be overwritten; move "
                                        f"{PREFIX}-{number}.* out of {self.directory} to save there")
-        path = super().save(checkpoint_number, check_interval=check_interval, options=options)
+        try:
+            path = super().save(checkpoint_number, check_interval=check_interval, options=options)
+        except Exception:
+            _remove_failed_save(prefix)
+            raise
         if path:
             self._own.add(path)
             write_state(self.directory, path)  # TensorFlow's manager lists only its own saves
         return path
+
+
+def _remove_failed_save(prefix) -> None:
+    """Removes what a save of `prefix` that raised (a full disk, a quota) wrote, unless the checkpoint there is
+    complete and readable (the error came after its files, or before they were touched). A part left behind,
+    such as an index cut short beside its data, would be skipped on resume yet stand ahead of the checkpoint
+    resumed from, refusing the run; only this run's own save is removed: Manager.save refuses any other's name."""
+    prefix = Path(prefix)
+    if problem(prefix) is None:
+        return
+    # Its index and data files, and any temporary of theirs (`.tempstate<n>`); check_before_start refused to start
+    # with files of this step already there, so they are all this save's.
+    parts = [path for path in prefix.parent.glob(f"{prefix.name}.*") if path.is_file()]
+    staging = [path for path in prefix.parent.glob(f"{prefix.name}_temp*") if path.is_dir()]
+    try:
+        for path in parts:
+            path.unlink(missing_ok=True)
+        for path in staging:
+            shutil.rmtree(path)
+    except OSError as error:  # a folder turned read-only: the next start refuses with the file named
+        log.warning("Could not remove the files of the failed save of %s: %s", prefix, error)
+        return
+    log.warning("Removed the files of the failed save of %s: %s", prefix, ", ".join(p.name for p in parts + staging))
 
 
 def _names(names) -> str:

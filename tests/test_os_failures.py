@@ -6,6 +6,7 @@ here and in CI; without the right to mount they fail rather than pass untested).
 """
 import errno
 import os
+import re
 import subprocess
 import sys
 import time
@@ -130,6 +131,38 @@ def fill(disk):
             assert error.errno == errno.ENOSPC
 
 
+def test_a_save_that_runs_out_of_room_at_any_point_leaves_no_part_of_itself(tmp_path, caplog):
+    """The disk fills at each point of a save in turn, a page of room more each time: while the shards are
+    staged, while the merged index is written beside the moved data (the index is left cut short), and not at
+    all. Each failed save leaves the folder as it was, so resume finds ckpt-1 and nothing stands ahead of it."""
+    with tmpfs(tmp_path / "disk", size="4m") as disk:
+        step = tf.Variable(0, dtype=tf.int64)
+        checkpoint = tf.train.Checkpoint(weights=tf.Variable(tf.zeros([100_000])), step=step)
+        page, failed = os.statvfs(disk).f_bsize, []
+        for extra_pages in range(-2, 6):
+            subprocess.run(["rm", "-rf", str(disk / "checkpoints"), str(disk / "filler")], check=True)
+            manager = checkpoints.Manager(checkpoint, disk / "checkpoints", 3, step_counter=step)
+            manager.save(checkpoint_number=1)
+            kept = sorted(path.name for path in (disk / "checkpoints").iterdir())
+            fill(disk)
+            data = (disk / "checkpoints" / "ckpt-1.data-00000-of-00001").stat().st_size
+            room = (data // page + extra_pages) * page
+            os.truncate(disk / "filler", max(0, (disk / "filler").stat().st_size - room))
+            try:
+                manager.save(checkpoint_number=2)
+            except tf.errors.ResourceExhaustedError:
+                failed.append(extra_pages)
+                assert sorted(path.name for path in (disk / "checkpoints").iterdir()) == kept, extra_pages
+                assert checkpoints.newest_finite(disk / "checkpoints") == str(disk / "checkpoints" / "ckpt-1")
+                assert checkpoints.state_problem(disk / "checkpoints") is None
+            else:
+                assert checkpoints.problem(disk / "checkpoints" / "ckpt-2") is None
+                break
+        # It failed both while staging and after moving the data (removing the index cut short), then had room.
+        assert len(failed) >= 3 and extra_pages not in failed, failed
+        assert "Removed the files of the failed save of" in caplog.text and "ckpt-2.index" in caplog.text
+
+
 @pytest.mark.slow
 def test_a_full_disk_keeps_the_newest_checkpoint_and_the_run_resumes_once_there_is_room(tmp_path):
     with tmpfs(tmp_path / "disk") as disk:
@@ -146,10 +179,12 @@ def test_a_full_disk_keeps_the_newest_checkpoint_and_the_run_resumes_once_there_
         _, stderr = process.communicate(timeout=300)
         result = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
         assert_one_line(result, "error: No space left on device: ")
-        newest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
-        assert newest and checkpoints.problem(newest) is None  # complete and finite
+        # The save under way when the disk filled is complete, or none of it is left (it would refuse the resume).
+        newest = checkpoints.newest_finite(run_dir / "checkpoints")
         saved = int(newest.rpartition("-")[2])
         assert saved >= 4
+        assert not [path for path in (run_dir / "checkpoints").glob("ckpt-*")
+                    if int(re.match(r"ckpt-(\d+)", path.name).group(1)) > saved]
 
         (disk / "filler").unlink()
         resumed = run_cli(*args, f"trainer.train_steps={saved + 2}")

@@ -40,6 +40,8 @@ from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hp  # what `api` exports, without importing TensorFlow
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from tf_harness.data.atomic_file import replacing
+
 log = logging.getLogger(__name__)
 # The validation metrics each task writes at every evaluation (experiments/metrics.py), its headline first, as
 # dashboard columns. Not declared: chest X-rays' per-finding `auc/<finding>` (14 columns) and LFW's `auc`, which is
@@ -223,12 +225,10 @@ def mark_session(run_dir, status) -> Path:
                       tensor=metadata.NULL_TENSOR)
     summary.value.add(tag=EXIT_STATUS, simple_value=float(status))
     name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}{SESSION_END}"
-    partial = run_dir / f".{name}.partial"
-    with open(partial, "wb") as f:
+    with replacing(run_dir / name, "wb") as f:
         writer = RecordWriter(f)
         writer.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
         writer.write(event_pb2.Event(wall_time=now, step=_global_step(run_dir), summary=summary).SerializeToString())
-    for earlier in run_dir.glob(f"events.out.tfevents.*{SESSION_END}"):
-        earlier.unlink(missing_ok=True)
-    os.replace(partial, run_dir / name)
+        for earlier in run_dir.glob(f"events.out.tfevents.*{SESSION_END}"):  # the temporary's name is hidden
+            earlier.unlink(missing_ok=True)
     return run_dir / name

@@ -1,7 +1,7 @@
 """The command line: `python run.py dataset=chest_xray [key=value ...]`, or `-m` for a sweep; installed as
 `tf-harness` (this file is `tf_harness.run`).
 
-Hydra composes the config from conf/; experiments/run_directory.py resolves the config a run runs (a
+Hydra composes the config from conf/; experiments/run_dir/reentry.py resolves the config a run runs (a
 re-entered run directory's saved one); experiments/cli.py checks it before TensorFlow starts, turns
 failures into one line and the exit status; then experiments/runner.py trains and evaluates.
 """
@@ -13,7 +13,7 @@ from tf_harness.experiments import cli
 
 import hydra
 
-from tf_harness.experiments import run_directory
+from tf_harness.experiments.run_dir import reentry
 
 
 def train_and_evaluate(cfg):
@@ -34,13 +34,13 @@ def train_and_evaluate(cfg):
 # conf/ is the package tf_harness.conf, so the same configs are found in a checkout and when installed.
 @hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")
 def main(cfg):
-    cfg, problem = run_directory.resolve_config(cfg)  # on re-entry: the saved config, or what may not change
+    cfg, problem = reentry.resolve_config(cfg)  # on re-entry: the saved config, or what may not change
     return cli.guarded(train_and_evaluate, cfg, problem)  # the job's outcome: for Optuna, experiments/sweep_report.py
 
 
 def compose_and_run():
     # On re-entry: the groups the command line does not name, as the run chose them.
-    sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])
+    sys.argv[1:] = reentry.with_saved_choices(sys.argv[1:])
     main()  # Hydra reads sys.argv here
 
 

@@ -77,7 +77,7 @@ def dataset_absent(name):
 def describe(cfg) -> DatasetInfo:
     """The dataset of `cfg`: its spec, verified training table and decode settings."""
     from tf_harness.data import imagenet_det, task_from_config
-    from tf_harness.data.skipped import SkipLog
+    from tf_harness.data.integrity.skipped import SkipLog
     from tf_harness.data.tables import load_tables, path_columns
 
     task = task_from_config(cfg)
@@ -166,11 +166,11 @@ def training_records(cfg, table):
 
 
 def record_load(source, guarded):
-    """The per-record load of `source`: bare, or inside the decode guard (data/unreadable.py) that turns an
+    """The per-record load of `source`: bare, or inside the decode guard (data/integrity/unreadable.py) that turns an
     unreadable file into a skipped record."""
     import tensorflow as tf
 
-    from tf_harness.data import unreadable
+    from tf_harness.data.integrity import unreadable
 
     load = tf.autograph.experimental.do_not_convert(source.load)
     return unreadable.guard(load, source.paths) if guarded else load

@@ -31,7 +31,7 @@ throughput (the default): every input source side by side, for each dataset pres
 resize: the project's shrink (tf_harness.data.images.resize) against a plain bilinear resize (its
     ceiling) and the shrink before area (`previous`), PNG decode included, on the real NIH fixtures
     (tests/fixtures/real/nih/images) unless --files says otherwise.
-guard: what the decode guard (data/unreadable.py) costs: the training records loaded by input_fn's
+guard: what the decode guard (data/integrity/unreadable.py) costs: the training records loaded by input_fn's
     per-record load, bare and guarded.
 starvation: does the real pipeline hold a real model's training step back? The Trainer fed by the real
     pipeline and by one cached batch repeated, in alternating blocks (see benchmarks/input_starvation.py).

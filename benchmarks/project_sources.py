@@ -103,6 +103,6 @@ def guard_sources(bench):
         return loaded.batch(bench.batch_size).prefetch(AUTOTUNE)
 
     return [Source("plain", "input_fn's per-record load, parallel map", bench, tf_start(lambda: pipeline(False))),
-            Source("guarded", "the same inside the decode guard (data/unreadable.py)", bench,
+            Source("guarded", "the same inside the decode guard (data/integrity/unreadable.py)", bench,
                    tf_start(lambda: pipeline(True)))]
 

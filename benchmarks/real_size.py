@@ -162,7 +162,7 @@ def run(dataset, root: Path, cache: Path, run_dir: Path) -> dict:
 PHASES = """
 import json, sys, time
 from tf_harness.data import TASKS, Decode
-from tf_harness.data.skipped import SkipLog
+from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import drop_undecodable
 name, root = sys.argv[1:3]
 options = {"validation_fraction": 0.1} if name == "chest_xray" else {}

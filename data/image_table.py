@@ -14,7 +14,7 @@ otherwise when N x height x width x channels bytes fit ``pipeline.image_table_mb
 0: never). A table over the budget is one log line, and the pairs decode their files as before.
 
 What fails to decode: the decode of every image at the start is the guarded pass that the file
-pipeline runs before its first draw (data/unreadable.py): a file that fails is written to the run's
+pipeline runs before its first draw (data/integrity/unreadable.py): a file that fails is written to the run's
 report folder, which the runner lists in skipped.csv with the reason found on the host, and is left out
 of the table; the pairs are drawn over the images that decoded. A pass that fails on
 MAX_FAILED_IN_A_ROW images in a row (or on all of fewer) gives the file pipeline back, which ends the
@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
-from tf_harness.data import unreadable
+from tf_harness.data.integrity import unreadable
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
@@ -151,7 +151,7 @@ class ImageTableRecords:
     @classmethod
     def build(cls, task, table, model_dir=None):
         """Decodes every image of `table` once, in parallel, into the table; reports those that fail (see
-        data/unreadable.py) and leaves them out. None, after one log line, when MAX_FAILED_IN_A_ROW failed in
+        data/integrity/unreadable.py) and leaves them out. None, after one log line, when MAX_FAILED_IN_A_ROW failed in
         a row (or all of fewer): the file pipeline then ends the run with its line."""
         started = time.perf_counter()
         table = task.training_images(table)

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tf_harness.data import caching, service, unreadable
+from tf_harness.data import caching, service
+from tf_harness.data.integrity import unreadable
 from tf_harness.data.image_table import ImageTableRecords, image_table
 from tf_harness.data.sources import SampledRecords, TableRecords
 from tf_harness.data.tfrecords import TFRecordSettings
@@ -129,7 +130,7 @@ def _loaded(source, data, model_dir, training, cached, first_epoch, first_decode
     """The expensive part: read, decode and resize each record, in parallel.
 
     Where every record must be decoded without fail, an image file that fails to read or decode gives
-    weight 0 instead of ending the iterator, and is reported for skipped.csv (data/unreadable.py):
+    weight 0 instead of ending the iterator, and is reported for skipped.csv (data/integrity/unreadable.py):
     evaluation keeps its row, counting for nothing, and training leaves it out. That guard costs up to
     a third more CPU per image (`python -m benchmarks input guard`), so training pays it only while each file is
     decoded the first time: for the first `first_epoch` records of an endless stream of epochs (what
@@ -233,7 +234,7 @@ def input_fn(task, table, pipeline: Pipeline, *, split, training, context=None, 
         context: a tf.distribute.InputContext when several workers each read their share of the
             training split; evaluation is not split.
         model_dir: the run directory, where ``pipeline.cache=disk`` keeps its files and image files that
-            fail to decode are reported (data/unreadable.py).
+            fail to decode are reported (data/integrity/unreadable.py).
         rows: evaluation only: the row numbers of `table` to read, ascending, a partial evaluation's sample
             (data/evaluation_sample.py); None: every row.
     """

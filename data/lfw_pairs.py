@@ -26,7 +26,7 @@ from tf_harness.data.image_table import stateless_uniforms
 from tf_harness.data.samples.lfw_pairs import make_sample
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
-from tf_harness.data.text_files import read_text
+from tf_harness.data.integrity.text_files import read_text
 
 log = logging.getLogger(__name__)
 

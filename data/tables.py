@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.samples import sample_root
-from tf_harness.data.verification import check_files
+from tf_harness.data.integrity.verification import check_files
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def load_tables(task, root, verify_images, skipped, max_skipped_fraction) -> dic
     Args:
         task: the dataset's Task.
         root: dataset.root, or None for the embedded sample.
-        verify_images: check every image file once (data/verification.py; remembered per file),
+        verify_images: check every image file once (data/integrity/verification.py; remembered per file),
             so a damaged file is listed in skipped.csv instead of surfacing mid-epoch.
         skipped: the run's SkipLog.
         max_skipped_fraction: the largest share of the examples that may be skipped

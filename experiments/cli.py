@@ -30,7 +30,8 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from tf_harness.experiments import interrupts, os_errors, run_directory, schema, xla_cache  # noqa: E402
+from tf_harness.experiments import schema, xla_cache  # noqa: E402
+from tf_harness.experiments.run_dir import interrupts, os_errors, reentry
 
 log = logging.getLogger(__name__)
 logging.getLogger("tensorflow").setLevel(logging.WARNING)
@@ -40,7 +41,7 @@ logging.raiseExceptions = False
 # A short random id in run directory names keeps runs started in the same second apart.
 OmegaConf.register_new_resolver("run_id", lambda: uuid.uuid4().hex[:6], use_cache=True)
 # hydra.output_subdir: .hydra for a new run, .hydra/reentry-<time> when re-entering a recorded one.
-OmegaConf.register_new_resolver("run_dir_subdir", run_directory.subdir)
+OmegaConf.register_new_resolver("run_dir_subdir", reentry.subdir)
 
 
 def _one_line(error) -> str:
@@ -127,13 +128,13 @@ def _failed(line, status, ran=True) -> Outcome:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:  # a sweep's jobs keep their record
-            run_directory.discard_failed_start(HydraConfig.get().runtime.output_dir, _existing_run_dir)
+            reentry.discard_failed_start(HydraConfig.get().runtime.output_dir, _existing_run_dir)
     return Outcome(None, status, line, ran)
 
 
 def guarded(task, cfg, problem) -> Outcome:
     """Checks `cfg` against the schema, then runs one job, turning expected failures into a
-    one-line message and an exit status. `cfg` and `problem` are what run_directory.resolve_config
+    one-line message and an exit status. `cfg` and `problem` are what reentry.resolve_config
     gives: a config error found resolving the config (a re-entry that changes a saved key) is reported first.
 
     Errors are handled inside the job rather than raised through Hydra, which
@@ -149,13 +150,13 @@ def guarded(task, cfg, problem) -> Outcome:
         return _failed(f"config error: {problem}", 2)
     if cfg.get("trainer") and cfg.trainer.get("jit_compile") is not False:
         # XLA's compiled programs are kept for the next run of the same shapes; TensorFlow reads where as it starts.
-        from tf_harness.data.samples import cache_home
+        from tf_harness.data.integrity.cache_folder import cache_home
         xla_cache.enable(cache_home())
     startup.import_tensorflow_quietly()
     # The data package and the trainer import TensorFlow; the config has passed by now.
     from tf_harness.data import caching
     from tf_harness.data.errors import ConfigError, DatasetError
-    from tf_harness.experiments.checkpoints import UnrestorableError
+    from tf_harness.experiments.run_dir.checkpoints import UnrestorableError
     from tf_harness.experiments.trainer import NonFiniteLossError
 
     try:
@@ -181,19 +182,19 @@ def exit_code(main) -> int:
     """Runs `main`, which starts Hydra (it reads sys.argv), and returns the documented exit status."""
     global _existing_run_dir
     interrupts.install()  # from here on, a signal at any instant exits 130/143 (the runner saves first)
-    _existing_run_dir = run_directory.existing_ancestor(sys.argv[1:])
+    _existing_run_dir = reentry.existing_ancestor(sys.argv[1:])
     try:
         # A run directory that holds a run without a readable saved config: refused before Hydra writes anything.
-        damaged = run_directory.unreadable_record(sys.argv[1:])
+        damaged = reentry.unreadable_record(sys.argv[1:])
         if damaged:
             print(f"error: {damaged}", file=sys.stderr)
-            _append_run_log(run_directory.run_dir_argument(sys.argv[1:]), f"error: {damaged}", _closing(1, "failed"))
+            _append_run_log(reentry.run_dir_argument(sys.argv[1:]), f"error: {damaged}", _closing(1, "failed"))
             return 1
         main()
     except (HydraException, OmegaConfBaseException) as error:
         _report(error, "config error", 2)
         return 2
-    except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as tf_harness.experiments.interrupts.Interrupted
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as tf_harness.experiments.run_dir.interrupts.Interrupted
         interrupts.finished()  # a second Ctrl-C does not cut this short
         status = interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
         print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)

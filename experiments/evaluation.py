@@ -14,7 +14,8 @@ from tqdm import tqdm
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP
 from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
-from tf_harness.experiments import interrupts, metrics
+from tf_harness.experiments import metrics
+from tf_harness.experiments.run_dir import interrupts
 from tf_harness.experiments.progress import logs_above_the_bar
 from tf_harness.experiments.summaries import write_metrics
 

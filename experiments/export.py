@@ -34,7 +34,7 @@ from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import checkpoints
+from tf_harness.experiments.run_dir import checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def damage(folder: Path) -> str | None:
 
 
 def export(estimator):
-    """Exports the run directory's newest restorable checkpoint (experiments/checkpoints.py `newest_finite`, as
+    """Exports the run directory's newest restorable checkpoint (experiments/run_dir/checkpoints.py `newest_finite`, as
     evaluate and predict find it) to `<run>/export/<global_step>/`; returns that folder, or None on a worker
     that is not the chief (the chief alone writes it). An export already there is left as it is."""
     if not estimator.chief:

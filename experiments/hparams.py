@@ -40,7 +40,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hp  # what `api` exports, without importing TensorFlow
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from tf_harness.data.atomic_file import replacing
+from tf_harness.data.integrity.atomic_file import replacing
 
 log = logging.getLogger(__name__)
 # The validation metrics each task writes at every evaluation (experiments/metrics.py), its headline first, as

@@ -16,14 +16,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from tf_harness.data import caching, evaluation_sample, task_from_config, unreadable
+from tf_harness.data import caching, evaluation_sample, task_from_config
+from tf_harness.data.integrity import unreadable
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import Pipeline, input_fn
-from tf_harness.data.skipped import SkipLog
+from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import (checkpoints, export, input_record, interrupts, leftovers, metrics, review,
-                                    run_directory, run_lock, sidecar, strategies, warm_start, xla_cache)
+from tf_harness.experiments import export, metrics, review, sidecar, strategies, warm_start, xla_cache
+from tf_harness.experiments.run_dir import checkpoints, input_record, interrupts, leftovers, reentry, run_lock
 from tf_harness.experiments.evaluation import Evaluation
 from tf_harness.experiments.progress import logs_above_the_bar
 from tf_harness.experiments.startup import StartupClock
@@ -102,12 +103,12 @@ def _claim_run_directory(cfg, model_dir):
     overwrite, a trainer.init_checkpoint that cannot be restored."""
     if run_lock.hold(model_dir):  # exit 2 if another process runs here; only the holder may clean up
         leftovers.remove(model_dir)
-    if cfg.mode in run_directory.EVALUATION_MODES and not any((model_dir / "checkpoints").glob("ckpt-*.index")):
+    if cfg.mode in reentry.EVALUATION_MODES and not any((model_dir / "checkpoints").glob("ckpt-*.index")):
         # A directory with no checkpoint must not become a recorded run of this mode.
         raise ConfigError(f"mode={cfg.mode} needs a checkpoint in {model_dir / 'checkpoints'}; train into that run "
                           f"directory first (hydra.run.dir=...)")
     checkpoints.check_before_start(model_dir / "checkpoints", cfg.mode, cfg.trainer.train_steps,
-                                   run_directory.has_hparams(model_dir))
+                                   reentry.has_hparams(model_dir))
     warm_start.check(cfg, model_dir / "checkpoints")
 
 
@@ -166,7 +167,7 @@ class Estimator(Evaluation):
         self._note_unreadable()  # what an earlier life of this run found
 
     def _note_unreadable(self):
-        """Lists in skipped.csv the image files that the pipelines reported since the last call (data/unreadable.py)."""
+        """Lists in skipped.csv the image files that the pipelines reported since the last call (data/integrity/unreadable.py)."""
         rows = unreadable.collect(unreadable.report_folder(self.model_dir), self.reported)
         if rows and self.chief:
             self.skipped.extend(rows)
@@ -178,7 +179,7 @@ class Estimator(Evaluation):
 
     def _manager(self, checkpoint, restored):
         # Created once `restored` is: it deletes and rewrites none of the checkpoints already there, and refuses to
-        # start when one of them lies ahead of the restored step (experiments/checkpoints.py).
+        # start when one of them lies ahead of the restored step (experiments/run_dir/checkpoints.py).
         return checkpoints.Manager(checkpoint, self.save_dir, max_to_keep=self.cfg.trainer.keep_checkpoints,
                                    step_counter=self.trainer.global_step, restored=restored,
                                    train_steps=self.cfg.trainer.train_steps, run_checkpoints=self.checkpoint_dir)
@@ -190,7 +191,7 @@ class Estimator(Evaluation):
 
     def _latest_checkpoint(self):
         """The newest checkpoint in the run directory (the chief's, for every worker) whose files are all there
-        and whose tensors are all finite, found from its files (experiments/checkpoints.py); None when none."""
+        and whose tensors are all finite, found from its files (experiments/run_dir/checkpoints.py); None when none."""
         return checkpoints.newest_finite(self.checkpoint_dir)
 
     def _last_checkpoint_text(self):
@@ -292,7 +293,7 @@ class Estimator(Evaluation):
             while step < target:
                 profiler.update(step)
                 length = profiler.loop_length(step, loop_length(step, trainer.steps_per_loop, target, intervals))
-                # A signal waits for the loop's end (experiments/interrupts.py): the loop, its summary and its
+                # A signal waits for the loop's end (experiments/run_dir/interrupts.py): the loop, its summary and its
                 # checkpoint are one unit, so no step is trained without its summary or saved half-logged.
                 with interrupts.deferred():
                     with profiler.step(step):
@@ -301,7 +302,7 @@ class Estimator(Evaluation):
                 if evaluate and step % cfg.trainer.eval_every == 0 and step < target:
                     self.evaluate()
         except KeyboardInterrupt:
-            # Nothing is lost on Ctrl-C or SIGTERM (experiments/interrupts.py): the step reached so far is saved.
+            # Nothing is lost on Ctrl-C or SIGTERM (experiments/run_dir/interrupts.py): the step reached so far is saved.
             # A signal is handled between loops, and every batch a loop took was trained on, so the global
             # step, the weights and the iterator position agree.
             step = trainer.step

@@ -5,9 +5,9 @@ evaluator task was.
 TF_CONFIG task is `evaluator`) evaluates each new checkpoint of the run while another process trains it:
 
 - it takes no run lock (`.lock`, the trainer's) but the evaluator lock, `.eval-lock`: a second evaluator on the
-  run directory exits 2 with one line naming the holder (experiments/run_lock.py);
+  run directory exits 2 with one line naming the holder (experiments/run_dir/run_lock.py);
 - it logs to `<run>/eval.log`, never into the trainer's `run.log`: it lets go of Hydra's handle on run.log first;
-- it reads checkpoints from their files (experiments/checkpoints.py `on_disk`), every poll (`POLL_SECONDS`), and
+- it reads checkpoints from their files (experiments/run_dir/checkpoints.py `on_disk`), every poll (`POLL_SECONDS`), and
   evaluates the newest one after the last it evaluated whose index and data files are all there and read back
   whole with finite tensors (`problem`); older new ones are superseded and passed over. A checkpoint whose files
   are still being written, or that cannot be restored, is looked at again once its files change;
@@ -32,8 +32,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.data.skipped import SkipLog
-from tf_harness.experiments import run_directory, run_lock, strategies
+from tf_harness.data.integrity.skipped import SkipLog
+from tf_harness.experiments import strategies
+from tf_harness.experiments.run_dir import reentry, run_lock
 
 log = logging.getLogger(__name__)
 MODE = "continuous_eval"
@@ -53,7 +54,7 @@ def start(cfg, model_dir) -> None:
     if run_lock.held(model_dir, run_lock.EVAL_LOCK_NAME):  # this job started already
         return
     left = run_lock.leave_job_log(model_dir)  # Hydra opened run.log for this job: the trainer's log
-    if not strategies.is_evaluator() and run_directory.subdir(model_dir) == ".hydra":
+    if not strategies.is_evaluator() and reentry.subdir(model_dir) == ".hydra":
         raise ConfigError(f"mode={MODE} evaluates a run that a training process has recorded, and {model_dir} "
                           f"holds none (no saved config with an HParams record or checkpoint); start it once the "
                           f"trainer has written its first checkpoint, with hydra.run.dir=<the trainer's run directory>")
@@ -182,7 +183,7 @@ class Watch:
 
     def _newest(self):
         """(step, path) of the newest checkpoint after the last evaluated one that may be evaluated; None if none."""
-        from tf_harness.experiments import checkpoints
+        from tf_harness.experiments.run_dir import checkpoints
 
         found = checkpoints.on_disk(self.checkpoint_dir)
         newer = [step for step in found if self.last is None or step > self.last]
@@ -196,7 +197,7 @@ class Watch:
 
     def _verdict(self, step, path):
         """Why the checkpoint may not be evaluated (checkpoints.problem), or None; read again when its files change."""
-        from tf_harness.experiments import checkpoints
+        from tf_harness.experiments.run_dir import checkpoints
 
         files = _files(path)
         known = self._verdicts.get(step)

@@ -7,7 +7,7 @@ import os
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
-from tf_harness.data.atomic_file import replacing
+from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments import hparams as hparams_record
 from tf_harness.experiments import review
 
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 def file_writer(logdir: str):
     """An event writer for `logdir`, its folder made first: where a file stands in its place, Python's error names
-    the path and TensorFlow's does not (experiments/os_errors.py)."""
+    the path and TensorFlow's does not (experiments/run_dir/os_errors.py)."""
     os.makedirs(logdir, exist_ok=True)
     return tf.summary.create_file_writer(logdir)
 

@@ -25,7 +25,7 @@ from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
-from tf_harness.data.atomic_file import replacing
+from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments import hparams
 
 log = logging.getLogger(__name__)

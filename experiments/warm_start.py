@@ -1,7 +1,7 @@
 """Warm start (Estimator's `warm_start_from`): a new run's first weights from another run's checkpoint.
 
 `trainer.init_checkpoint` names a run directory (its newest restorable checkpoint is taken, as a resume would
-take it: experiments/checkpoints.py `newest_finite`), its `checkpoints/` folder, or one checkpoint, a prefix such
+take it: experiments/run_dir/checkpoints.py `newest_finite`), its `checkpoints/` folder, or one checkpoint, a prefix such
 as `<run>/checkpoints/ckpt-6`. The model variables of this run that match one of the checkpoint's model variables
 by name and shape are restored; `trainer.init_exclude`, a regular expression searched in each name, leaves the
 variables it matches at their initial values (e.g. `logits`, a new head). Nothing else is restored: the optimizer
@@ -30,7 +30,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import checkpoints
+from tf_harness.experiments.run_dir import checkpoints
 
 log = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ def task_of(cfg):
 
 def tables_of(cfg, skipped=None):
     """The index tables of a composed config's dataset, as a run loads them."""
-    from tf_harness.data.skipped import SkipLog
+    from tf_harness.data.integrity.skipped import SkipLog
     from tf_harness.data.tables import load_tables
     return load_tables(task_of(cfg), cfg.dataset.root, cfg.pipeline.verify_images,
                        SkipLog() if skipped is None else skipped, cfg.dataset.max_skipped_fraction)

@@ -1,10 +1,10 @@
-"""Files replaced whole through a temporary file of this process (data/atomic_file.py)."""
+"""Files replaced whole through a temporary file of this process (data/integrity/atomic_file.py)."""
 import os
 import pickle
 
 import pytest
 
-from tf_harness.data.atomic_file import is_temporary, replacing, temporary_of
+from tf_harness.data.integrity.atomic_file import is_temporary, replacing, temporary_of
 
 
 def test_a_clean_write_replaces_the_file_whole(tmp_path):

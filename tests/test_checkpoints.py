@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.experiments import checkpoints
+from tf_harness.experiments.run_dir import checkpoints
 
 
 def _save(manager, variable, value, step):
@@ -24,7 +24,7 @@ def test_the_newest_finite_checkpoint_is_chosen_and_the_others_named(tmp_path, c
     good = _save(manager, weights, [1.0, 2.0, 3.0], 3)
     _save(manager, weights, [1.0, np.nan, 3.0], 6)
     _save(manager, weights, [np.inf, 2.0, 3.0], 9)
-    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_dir.checkpoints"):
         assert checkpoints.newest_finite(tmp_path) == good
     assert f"Not restoring {tmp_path / 'ckpt-9'}: 1 tensor(s) hold NaN or infinite values (model/" in caplog.text
     assert f"Not restoring {tmp_path / 'ckpt-6'}" in caplog.text
@@ -39,13 +39,13 @@ def test_a_missing_or_truncated_checkpoint_is_skipped_and_none_restorable_is_an_
     second = _save(manager, weights, tf.ones([1000]) * 2, 2)
     data = next(tmp_path.glob("ckpt-2.data-*"))
     data.write_bytes(data.read_bytes()[:100])  # a save cut short by a full disk
-    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_dir.checkpoints"):
         assert checkpoints.newest_finite(tmp_path) == first
     assert f"Not restoring {second}: it cannot be read" in caplog.text
     for path in tmp_path.glob("ckpt-1.*"):
         path.unlink()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_dir.checkpoints"):
         with pytest.raises(checkpoints.UnrestorableError, match=r"\(ckpt-2: it cannot be read \(.*\)\); move them"):
             checkpoints.newest_finite(tmp_path)
     assert f"{tmp_path / 'checkpoint'} named ckpt-1, which is not there; found ckpt-2 from their files" in caplog.text
@@ -107,11 +107,11 @@ def test_a_damaged_state_file_is_rebuilt_from_the_checkpoint_files(tmp_path, cap
     _three(tmp_path)
     spoil, said = DAMAGE[damage]
     spoil(tmp_path / "checkpoint")
-    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_dir.checkpoints"):
         latest, weights, step, manager = _resume(tmp_path)
     assert latest == str(tmp_path / "ckpt-6")
     assert int(step.numpy()) == 6 and weights.numpy().tolist() == [6.0] * 4  # the newest one, restored
-    lines = [r.getMessage() for r in caplog.records if r.name == "tf_harness.experiments.checkpoints"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tf_harness.experiments.run_dir.checkpoints"]
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"{tmp_path / 'checkpoint'} {said}"), lines[0]
     assert lines[0].endswith("; found ckpt-6 (and 2 older) from their files"), lines[0]
@@ -184,7 +184,7 @@ def test_the_state_file_never_names_a_checkpoint_that_is_not_there(tmp_path, cap
     for path in tmp_path.glob("ckpt-*"):
         path.unlink()
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-6"\nall_model {')
-    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_dir.checkpoints"):
         latest, weights, step, manager = _resume(tmp_path)
     assert latest is None and manager.latest_checkpoint is None
     assert "checkpoint could not be read (ParseError: " in caplog.text and "found no checkpoint from their files" in caplog.text

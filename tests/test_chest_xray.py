@@ -8,7 +8,7 @@ import tensorflow as tf
 from tf_harness.data import chest_xray
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.images import Decode
-from tf_harness.data.skipped import SkipLog
+from tf_harness.data.integrity.skipped import SkipLog
 from tests.conftest import compose, tables_of, task_of
 
 

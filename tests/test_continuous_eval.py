@@ -13,7 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import run_lock, schema, sidecar, strategies
+from tf_harness.experiments import schema, sidecar, strategies
+from tf_harness.experiments.run_dir import run_lock
 from tests.conftest import PROJECT, compose, event_tags, lock_holder, run_cli
 
 # A process that takes a run directory's locks through run_lock's own API and keeps them: argv[2] names which.

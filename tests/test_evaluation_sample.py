@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP
 from tf_harness.data.input_fn import Pipeline
-from tf_harness.data.skipped import SkipLog
+from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.experiments.runner import Estimator
 from tf_harness.experiments.summaries import Summaries
 from tf_harness.experiments.trainer import Trainer

@@ -149,7 +149,7 @@ def test_an_export_folder_that_holds_no_complete_savedmodel_is_refused_and_left_
     """An empty export/<step>/, or one whose saved_model.pb was cut short, was logged as exported, exit 0; a
     variables data file cut short or written over at its size passed until the export was loaded."""
     import shutil
-    from tf_harness.experiments.checkpoints import UnrestorableError
+    from tf_harness.experiments.run_dir.checkpoints import UnrestorableError
     cfg = tiny_config("lfw_pairs")
     task, trainer = tiny_trainer(cfg)
     estimator = SimpleNamespace(chief=True, checkpoint_dir=tmp_path / "checkpoints", model_dir=tmp_path, task=task,

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tf_harness.experiments import interrupts
+from tf_harness.experiments.run_dir import interrupts
 from tests.conftest import PROJECT, event_tags, run_cli
 
 TINY = ("dataset=lfw_pairs", "pipeline.image_size=24", "pipeline.batch_size=8", "model.widths=[8,16]",

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import pytest
 import tensorflow as tf
 
-from tf_harness.experiments import checkpoints, os_errors
+from tf_harness.experiments.run_dir import checkpoints, os_errors
 from tests.conftest import PROJECT, run_cli
 
 TINY = ("dataset=lfw_pairs", "pipeline.image_size=24", "pipeline.batch_size=8", "model.widths=[8,16]",

@@ -146,6 +146,6 @@ def test_an_imagenet_det_run_leaves_a_confusion_matrix_at_each_evaluation(tmp_pa
 
 
 def test_profile_steps_may_change_when_a_run_directory_is_re_entered():
-    from tf_harness.experiments import run_directory
-    assert run_directory._allowed("trainer.profile_steps", "train_and_evaluate")
-    assert "profile_steps" in run_directory.ALLOWED
+    from tf_harness.experiments.run_dir import reentry
+    assert reentry._allowed("trainer.profile_steps", "train_and_evaluate")
+    assert "profile_steps" in reentry.ALLOWED

@@ -15,7 +15,7 @@ import pytest
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.samples import sample_root, staging
-from tf_harness.experiments import leftovers, run_lock
+from tf_harness.experiments.run_dir import leftovers, run_lock
 from tests.conftest import PROJECT, lock_holder, run_cli
 
 # A process that takes a run directory's lock through the runner's own API and keeps it.
@@ -110,7 +110,7 @@ def test_a_killed_saves_staging_folder_is_removed_on_the_next_start(tmp_path, ca
     assert temp, "the save was never caught mid-way"
     kept = sorted(p.name for p in checkpoints.iterdir() if p not in temp)
     (checkpoints / "checkpoint.tmp0123456789abcdef").write_text("half a state file")
-    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.leftovers"):
+    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.run_dir.leftovers"):
         removed = leftovers.remove(checkpoints.parent)
     assert sorted(removed) == sorted([*temp, checkpoints / "checkpoint.tmp0123456789abcdef"])
     assert sorted(p.name for p in checkpoints.iterdir()) == kept  # complete checkpoints untouched
@@ -205,25 +205,25 @@ def recorded_run(run_dir, config="mode: train_and_evaluate\ndataset:\n  name: lf
 
 @pytest.mark.parametrize("quoted", ["'{}'", '"{}"'])
 def test_a_quoted_run_directory_is_read_as_hydra_reads_it(tmp_path, quoted):
-    from tf_harness.experiments import run_directory
+    from tf_harness.experiments.run_dir import reentry
     run_dir = recorded_run(tmp_path / "a b" / "ü")
     args = [f"hydra.run.dir={quoted.format(run_dir)}", "mode=evaluate", "dataset.eval_pairs=dev_test"]
-    assert run_directory.run_dir_argument(args) == str(run_dir)
-    assert run_directory.with_saved_choices(args) == ["dataset=lfw_pairs", "model=siamese_cnn", "experiment=smoke",
+    assert reentry.run_dir_argument(args) == str(run_dir)
+    assert reentry.with_saved_choices(args) == ["dataset=lfw_pairs", "model=siamese_cnn", "experiment=smoke",
                                                       *args]
-    assert run_directory.existing_ancestor(args) == run_dir
+    assert reentry.existing_ancestor(args) == run_dir
     escaped = [f"hydra.run.dir={tmp_path}/a\\ b/new"]
-    assert run_directory.run_dir_argument(escaped) == f"{tmp_path}/a b/new"
-    assert run_directory.existing_ancestor(escaped) == tmp_path / "a b"
+    assert reentry.run_dir_argument(escaped) == f"{tmp_path}/a b/new"
+    assert reentry.existing_ancestor(escaped) == tmp_path / "a b"
 
 
 def test_an_unreadable_hydra_yaml_composes_the_dataset_and_model_of_the_saved_config(tmp_path):
-    from tf_harness.experiments import run_directory
+    from tf_harness.experiments.run_dir import reentry
     run_dir = recorded_run(tmp_path / "run")
     (run_dir / ".hydra" / "hydra.yaml").write_bytes(bytes(range(256)))
     args = [f"hydra.run.dir={run_dir}", "mode=evaluate"]
-    assert run_directory.with_saved_choices(args) == ["dataset=lfw_pairs", "model=siamese_cnn", *args]
-    choices, trouble = run_directory.saved_choices(run_dir)
+    assert reentry.with_saved_choices(args) == ["dataset=lfw_pairs", "model=siamese_cnn", *args]
+    choices, trouble = reentry.saved_choices(run_dir)
     assert choices == {"dataset": "lfw_pairs", "model": "siamese_cnn"} and trouble.startswith("cannot be read")
 
 
@@ -260,14 +260,14 @@ def test_a_run_directory_whose_saved_config_is_missing_or_unreadable_is_refused_
 
 
 def test_a_saved_config_is_not_required_where_no_run_was_recorded(tmp_path):
-    from tf_harness.experiments import run_directory
+    from tf_harness.experiments.run_dir import reentry
     run_dir = tmp_path / "run"
     (run_dir / ".hydra").mkdir(parents=True)  # a start that failed before it recorded anything
-    assert run_directory.unreadable_record([f"hydra.run.dir={run_dir}"]) is None
-    assert run_directory.unreadable_record([f"hydra.run.dir={tmp_path / 'new'}"]) is None
+    assert reentry.unreadable_record([f"hydra.run.dir={run_dir}"]) is None
+    assert reentry.unreadable_record([f"hydra.run.dir={tmp_path / 'new'}"]) is None
     recorded_run(tmp_path / "sweep")
     (tmp_path / "sweep" / ".hydra" / "config.yaml").unlink()
-    assert run_directory.unreadable_record(["-m", f"hydra.run.dir={tmp_path / 'sweep'}"]) is None
+    assert reentry.unreadable_record(["-m", f"hydra.run.dir={tmp_path / 'sweep'}"]) is None
 
 
 @pytest.mark.parametrize("content, problem", [
@@ -293,9 +293,9 @@ def test_an_unreadable_metrics_json_is_no_evaluation_and_says_so(tmp_path, caplo
     (b'[{"after_step": "0", "input": null}]', "does not hold input pipeline records"),
 ])
 def test_an_unreadable_input_pipeline_record_is_no_record_and_says_so(tmp_path, caplog, content, problem):
-    from tf_harness.experiments import input_record
+    from tf_harness.experiments.run_dir import input_record
     (tmp_path / input_record.INPUT_RECORD).write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_directory"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_dir.reentry"):
         assert input_record.saved_input(tmp_path, 4) == (False, None)
     assert f"{tmp_path / input_record.INPUT_RECORD} {problem}" in caplog.text
     input_record.note_input(tmp_path, 4, {"pipeline.source": "files"})  # written again, whole
@@ -312,7 +312,7 @@ def test_a_lock_holder_that_exits_leaves_the_lock_file_empty(tmp_path):
 
 def test_checkpoint_files_ahead_of_the_restored_one_refuse_training_before_anything_is_written(tmp_path, caplog):
     import tensorflow as tf
-    from tf_harness.experiments import checkpoints
+    from tf_harness.experiments.run_dir import checkpoints
     folder = tmp_path / "checkpoints"
     variable = tf.Variable([1.0, 2.0])
     tf.train.Checkpoint(v=variable).write(str(folder / "ckpt-2"))
@@ -325,7 +325,7 @@ def test_checkpoint_files_ahead_of_the_restored_one_refuse_training_before_anyth
         checkpoints.check_before_start(folder, "train_and_evaluate", 6)
     tf.train.Checkpoint(v=variable).write(str(folder / "ckpt-4"))
     (folder / "ckpt-4.index").write_bytes(b"garbled")
-    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_dir.checkpoints"):
         checkpoints.check_before_start(folder, "evaluate", 6)
         assert "Not restoring" not in caplog.text  # logged once, by the restore itself
         with pytest.raises(checkpoints.CheckpointAheadError, match="is ahead of global step 2") as refused:
@@ -370,7 +370,7 @@ def test_a_pairs_file_with_a_byte_order_mark_is_read(tmp_path, name):
 @pytest.fixture
 def signals():
     """Makes SIGINT raise Interrupted in this (main) thread, as a run does; restores Python's handler afterwards."""
-    from tf_harness.experiments import interrupts
+    from tf_harness.experiments.run_dir import interrupts
     interrupts.install()
     yield interrupts
     interrupts._pending.clear()
@@ -431,8 +431,8 @@ def test_sigint_after_the_run_finished_exits_with_its_logged_status_and_no_trace
 def test_the_run_directorys_records_are_written_through_temporary_files_of_this_process_alone(tmp_path):
     """A trainer and its sidecar evaluator both write metrics.json: neither may write over the other's half-written
     temporary file, nor over a file of that name that someone else left."""
-    from tf_harness.data.skipped import SkipLog
-    from tf_harness.experiments import input_record
+    from tf_harness.data.integrity.skipped import SkipLog
+    from tf_harness.experiments.run_dir import input_record
     from tf_harness.experiments.summaries import write_metrics
     others = [tmp_path / "metrics.json.tmp", tmp_path / "skipped.csv.tmp", tmp_path / "input_pipelines.tmp"]
     for path in others:

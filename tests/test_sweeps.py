@@ -290,7 +290,7 @@ def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_fa
 def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, caplog):
     """A full disk mid-write left a cut-short job_outcome.json."""
     import errno
-    from tf_harness.data import atomic_file
+    from tf_harness.data.integrity import atomic_file
     from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
     run_dir = tmp_path / "0"
     run_dir.mkdir()

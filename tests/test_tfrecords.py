@@ -499,7 +499,7 @@ def test_cut_train_shards_lose_only_their_lost_records_which_are_listed_counted_
     """Every train shard cut short, as a disk or a broken copy leaves it: each is read as far as its records are
     whole, its lost records are one skipped.csv row naming the shard and counting as that many examples against
     dataset.max_skipped_fraction, and the log says so; training reads on through epochs without an error."""
-    from tf_harness.data.skipped import SkipLog
+    from tf_harness.data.integrity.skipped import SkipLog
     from tf_harness.data.tables import check_skipped
     from tf_harness.data.tfrecords.reader import TFRecordRecords, check_shards
     cfg, manifest, tables = _damaged_copy(converted, tmp_path)
@@ -561,7 +561,7 @@ def test_a_cut_validation_shard_keeps_table_order_and_counts_its_lost_rows_for_n
                                                                                       encoding):
     """Evaluation reads a cut shard's whole records and gives each lost one a blank of weight 0 in its row: no
     DataLossError, table order holds, and no image file is reported for the lost records."""
-    from tf_harness.data import unreadable
+    from tf_harness.data.integrity import unreadable
     cfg, manifest, tables = _damaged_copy(converted, tmp_path, encoding)
     shard = manifest["splits"]["validation"]["shards"][0]
     path = Path(cfg.tfrecord.dir) / shard["file"]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.data.skipped import SkipLog
-from tf_harness.data.verification import check_files, problem
+from tf_harness.data.integrity.skipped import SkipLog
+from tf_harness.data.integrity.verification import check_files, problem
 from tests.conftest import compose, convert_shards, make_input, run_cli, tables_of, task_of
 
 DAMAGED = ("00000001_001.png", "00000003_001.png")  # truncated, garbage
@@ -161,7 +161,7 @@ def test_a_file_damaged_inside_passes_the_check_and_fails_the_decode(damaged_ins
 def test_files_damaged_inside_are_left_out_and_reported_with_their_reason(damaged_inside_tree, tmp_path):
     """Evaluation keeps every row in order, the one that does not decode with weight 0; training runs on without
     it; both report the file, and collect names it with the decoder's reason."""
-    from tf_harness.data import unreadable
+    from tf_harness.data.integrity import unreadable
     cfg = compose("dataset=chest_xray", f"dataset.root={damaged_inside_tree}", "pipeline.image_size=16",
                   "pipeline.batch_size=4", "dataset.validation_fraction=0.5", "dataset.max_skipped_fraction=0.2")
     tables = tables_of(cfg)
@@ -188,7 +188,7 @@ def test_files_damaged_inside_are_left_out_and_reported_with_their_reason(damage
 def test_only_reports_a_pipeline_wrote_become_skipped_rows(tmp_path, real, caplog):
     """A damaged report file, one put in the report folder, or a directory there is one log line each, once,
     and no rows: never a traceback, nor a skipped.csv row for a line a pipeline did not write."""
-    from tf_harness.data import unreadable
+    from tf_harness.data.integrity import unreadable
     damaged = tmp_path / "damaged.png"
     damaged.write_bytes(next((real / "nih" / "images").glob("*.png")).read_bytes()[:100])
     report_dir = unreadable.report_folder(tmp_path / "run")
@@ -201,7 +201,7 @@ def test_only_reports_a_pipeline_wrote_become_skipped_rows(tmp_path, real, caplo
     bad_bytes.write_bytes(b"\xff\xfe\0garbage")
     two_lines.write_text("garbage line one\n/etc/passwd")
     folder.mkdir()
-    with caplog.at_level(logging.WARNING, logger="tf_harness.data.unreadable"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.data.integrity.unreadable"):
         rows = unreadable.collect(report_dir, set())
         assert unreadable.collect(report_dir, set(path for path, _ in rows)) == []  # logged once
     assert len(reports) == 1 and [path for path, _ in rows] == [str(damaged)]
@@ -213,7 +213,7 @@ def test_only_reports_a_pipeline_wrote_become_skipped_rows(tmp_path, real, caplo
 
 def test_training_stops_with_one_line_when_no_record_decodes(tmp_path, real):
     """A load that fails on every record must not leave training waiting forever for a batch."""
-    from tf_harness.data import unreadable
+    from tf_harness.data.integrity import unreadable
     cfg = compose("dataset=chest_xray", f"dataset.root={real / 'nih'}", "pipeline.image_size=16",
                   "pipeline.batch_size=4", "dataset.max_skipped_fraction=0.6", "pipeline.verify_images=false")
     table = tables_of(cfg)["train"]
@@ -242,7 +242,7 @@ def test_a_run_lists_a_file_damaged_inside_in_skipped_and_evaluates_the_rest(dam
 def test_encoded_shards_of_a_file_damaged_inside_leave_it_out_and_name_it(damaged_inside_tree, tmp_path):
     """`encoded` shards store the files' bytes as they are; the damaged one fails its decode when read, and the
     report names the file it came from."""
-    from tf_harness.data import unreadable
+    from tf_harness.data.integrity import unreadable
     cfg = compose("dataset=chest_xray", f"dataset.root={damaged_inside_tree}", "pipeline.image_size=16",
                   "pipeline.batch_size=4", "dataset.validation_fraction=0.5", "dataset.max_skipped_fraction=0.2",
                   "tfrecord.encoding=encoded", f"tfrecord.dir={tmp_path / 'shards'}")
@@ -264,7 +264,7 @@ def test_training_from_shards_or_a_service_reports_a_file_damaged_inside(damaged
     (two, each guarding its own first epoch's worth); later epochs run on without the file."""
     from tensorflow.data.experimental import service as tf_service
 
-    from tf_harness.data import unreadable
+    from tf_harness.data.integrity import unreadable
     cfg = compose("dataset=chest_xray", f"dataset.root={damaged_inside_tree}", "pipeline.image_size=16",
                   "pipeline.batch_size=4", "dataset.validation_fraction=0.5", "dataset.max_skipped_fraction=0.2")
     servers = []
@@ -292,7 +292,7 @@ def test_training_from_shards_or_a_service_reports_a_file_damaged_inside(damaged
 def test_drawn_training_pairs_report_a_file_damaged_inside_before_the_first_draw(tmp_path):
     """LFW's training pairs are drawn, with no epochs: a guarded pass decodes every training image once before
     the draws, reports the damaged one, and yields no pairs of its own."""
-    from tf_harness.data import unreadable
+    from tf_harness.data.integrity import unreadable
     from tf_harness.data.samples.lfw_pairs import make_sample
     root = tmp_path / "lfw"
     make_sample(root, seed=0)
@@ -350,7 +350,7 @@ def test_a_file_rewritten_in_place_with_its_old_size_and_mtime_is_checked_again(
 
 
 def test_a_pickled_cache_is_read_only_for_its_own_key_and_never_fails_a_run(tmp_path):
-    from tf_harness.data import pickle_cache
+    from tf_harness.data.integrity import pickle_cache
     path = tmp_path / "cache.pkl"
     pickle_cache.write(path, {"verdicts": 1}, key=("v3", "/data/lfw"))
     assert pickle_cache.read(path, "none", key=("v3", "/data/lfw")) == {"verdicts": 1}

@@ -202,5 +202,5 @@ def test_the_keys_are_typed(override, problem):
 
 
 def test_the_keys_are_not_run_control_keys():
-    from tf_harness.experiments import run_directory
-    assert not {"trainer.init_checkpoint", "trainer.init_exclude"} & set(run_directory.RUN_CONTROL)
+    from tf_harness.experiments.run_dir import reentry
+    assert not {"trainer.init_checkpoint", "trainer.init_exclude"} & set(reentry.RUN_CONTROL)

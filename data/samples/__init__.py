@@ -12,7 +12,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tf_harness.data.atomic_file import replacing
+from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.cache_folder import cache_home
 from tf_harness.data.samples import staging as staging_dir
 
 log = logging.getLogger(__name__)
@@ -23,11 +24,6 @@ VERSION = 2
 MANIFEST = ".sample-manifest.json"
 # Tries at swapping a sample into place while other processes swap theirs.
 _SWAP_TRIES = 5
-
-
-def cache_home() -> Path:
-    """Where samples, indexes and verification results are cached (env HARNESS_CACHE overrides)."""
-    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "tf-harness"))
 
 
 def parallel_map(fn, jobs):

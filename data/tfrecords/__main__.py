@@ -13,7 +13,7 @@ from tf_harness.experiments import cli
 
 import hydra
 
-from tf_harness.experiments import run_directory
+from tf_harness.experiments.run_dir import reentry
 
 
 def convert_configured(cfg):
@@ -30,12 +30,12 @@ def convert_configured(cfg):
 
 @hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")
 def main(cfg):
-    cfg, problem = run_directory.resolve_config(cfg)  # a re-entered run directory's saved config, as in run.py
+    cfg, problem = reentry.resolve_config(cfg)  # a re-entered run directory's saved config, as in run.py
     cli.guarded(convert_configured, cfg, problem)
 
 
 def compose_and_run():
-    sys.argv[1:] = run_directory.with_saved_choices(sys.argv[1:])  # as in run.py, before Hydra reads sys.argv
+    sys.argv[1:] = reentry.with_saved_choices(sys.argv[1:])  # as in run.py, before Hydra reads sys.argv
     main()
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tf_harness.data import pickle_cache
-from tf_harness.data.atomic_file import replacing
-from tf_harness.data.samples import cache_home
+from tf_harness.data.integrity import pickle_cache
+from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.cache_folder import cache_home
 from tf_harness.data.tables import path_columns
 
 MANIFEST = "manifest.json"

@@ -241,7 +241,7 @@ def check_shards(task, tables, settings, mode, skipped) -> None:
     """Lists in `skipped` the records lost by damaged shards of the splits a run of `mode` reads, before any
     pipeline reads them: a row per shard (``shard damaged: 240 of 250 records unreadable``) that counts as that
     many examples, of rows still in `tables`, so that dataset.max_skipped_fraction weighs them
-    (tf_harness.data.skipped.SkipLog). Nothing without `settings` (pipeline.source=files); splits that a run
+    (tf_harness.data.integrity.skipped.SkipLog). Nothing without `settings` (pipeline.source=files); splits that a run
     does not read from shards (LFW's drawn training pairs) are passed over."""
     if settings is None:
         return
@@ -379,7 +379,7 @@ class TFRecordRecords:
         return self._element(pixels, tf.reshape(parsed[self.label_key], self.target[1].shape))
 
     def paths(self, *record):
-        """The image files an encoded record was made from, which a failed decode names (data/unreadable.py)."""
+        """The image files an encoded record was made from, which a failed decode names (data/integrity/unreadable.py)."""
         # An evaluation's blank for a lost record (`_with_blanks`) names no file.
         parsed = tf.io.parse_single_example(record[0], {f"{prefix}/filename": tf.io.FixedLenFeature([], tf.string, "")
                                                         for prefix in self.prefixes})

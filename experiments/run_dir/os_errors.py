@@ -5,7 +5,7 @@ tf.data cache) raise its own OpError subclasses whose message ends in the OS's w
 `.../ckpt-6_temp/part-00000-of-00001.data-00000-of-00001.tempstate...; No space left on device`.
 Both kinds become `<what happened>: <path>; <what to do>`. Nothing is lost on such a failure: a
 checkpoint is written beside the previous ones and only then named in the `checkpoint` file, so the
-newest complete one stays, and the next start removes the half-written one (experiments/leftovers.py).
+newest complete one stays, and the next start removes the half-written one (experiments/run_dir/leftovers.py).
 
 Nothing here imports TensorFlow, so the cli can use it for Hydra's own failures too (creating the
 run directory, writing `.hydra/`).

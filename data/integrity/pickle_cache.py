@@ -11,7 +11,7 @@ import logging
 import pickle
 from pathlib import Path
 
-from tf_harness.data.atomic_file import replacing
+from tf_harness.data.integrity.atomic_file import replacing
 
 log = logging.getLogger(__name__)
 _KEYED = "tf-harness keyed cache"

@@ -1,6 +1,6 @@
 """Image files that fail to read or decode mid-run: left out, never fatal, and listed in skipped.csv.
 
-The two-ends check (data/verification.py) finds truncated files and non-images up front, but a file
+The two-ends check (data/integrity/verification.py) finds truncated files and non-images up front, but a file
 whose two ends are whole can still be damaged inside (a bad disk block, a broken copy), and only a
 full decode finds that: about 9 ms of CPU per NIH PNG, 1,000 CPU-s for the whole set. So the decode
 itself is the check. `guard` runs each record's load in a one-element dataset of its own with
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from tf_harness.data.verification import problem
+from tf_harness.data.integrity.verification import problem
 
 # Training stops, naming this module's message, after this many failed records in a row (or a whole
 # guarded pass of fewer): a load that fails on every record (the wrong kind of files, a bug) would

@@ -8,8 +8,8 @@ import json
 import logging
 from pathlib import Path
 
-from tf_harness.data.atomic_file import replacing
-from tf_harness.experiments.run_directory import value_of
+from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.experiments.run_dir.reentry import value_of
 
 log = logging.getLogger(__name__)
 INPUT_RECORD = "input_pipelines.json"

@@ -37,7 +37,7 @@ The run directory never lies, and is never taken for another:
   training on would overwrite, stops it with one line and the directory as it was;
 - an unreadable `checkpoints/input_pipelines.json` is logged and read as no record.
 
-Nothing here imports TensorFlow, but `check_checkpoints` (through experiments/checkpoints.py), which the runner
+Nothing here imports TensorFlow, but `check_checkpoints` (through experiments/run_dir/checkpoints.py), which the runner
 calls once TensorFlow is running.
 """
 import logging

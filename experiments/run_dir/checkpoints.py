@@ -202,7 +202,7 @@ def write_state(checkpoint_dir, latest=None) -> None:
     state = tf.compat.v1.train.generate_checkpoint_state_proto(
         ".", latest, all_model_checkpoint_paths=names, all_model_checkpoint_timestamps=stamps,
         last_preserved_timestamp=now)
-    # The name file_io's own atomic write uses, which experiments/leftovers.py removes after a kill.
+    # The name file_io's own atomic write uses, which experiments/run_dir/leftovers.py removes after a kill.
     temporary = folder / f"{STATE}.tmp{uuid.uuid4().hex}"
     try:
         with open(temporary, "w") as f:

@@ -12,7 +12,7 @@ again (`check_files`).
 
 A file that passes this check but does not decode, or one that was never
 checked (``pipeline.verify_images=false``), is left out by the pipeline when
-its decode fails, and listed in skipped.csv then (data/unreadable.py).
+its decode fails, and listed in skipped.csv then (data/integrity/unreadable.py).
 """
 import hashlib
 import logging
@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tf_harness.data import pickle_cache
-from tf_harness.data.samples import cache_home
+from tf_harness.data.integrity import pickle_cache
+from tf_harness.data.integrity.cache_folder import cache_home
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ A save killed mid-way leaves TensorFlow's staging folder for the checkpoint:
 writes the shards there, then MergeV2Checkpoints moves them to `ckpt-N.*` and
 deletes the folder), tens to hundreds of MB each. A kill while the `checkpoint`
 state file is rewritten leaves `checkpoint.tmp<hex>` (file_io's atomic write).
-Neither is ever read again: restore lists complete `ckpt-N` files (experiments/checkpoints.py).
+Neither is ever read again: restore lists complete `ckpt-N` files (experiments/run_dir/checkpoints.py).
 """
 import logging
 import re

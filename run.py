@@ -7,19 +7,22 @@ failures into one line and the exit status; then experiments/runner.py trains an
 """
 import sys
 
-# First: it sets TensorFlow's and Hydra's environment before either is imported. It imports no TensorFlow,
-# so a bad config is reported in about a second.
 from tf_harness.experiments import cli
 
-import hydra
+# The entry point's one call, before TensorFlow or Hydra starts: environment, warnings, log levels and the
+# config's resolvers (a launcher's job process imports this module too). Nothing imports TensorFlow before the
+# config has passed its check, so a bad config is reported in about a second.
+cli.setup()
+
+import hydra  # noqa: E402
 
 from tf_harness.experiments.run_dir import reentry
 
 
-def train_and_evaluate(cfg):
+def train_and_evaluate(settings):
     from tf_harness.experiments import runner  # TensorFlow starts here, once cli.guarded has passed the config
 
-    return runner.run(cfg)  # the headline validation metric, or None
+    return runner.run(settings)  # the headline validation metric, or None
 
 
 # The run's config (docs/run-directory.md). A new run runs what Hydra composes from conf/ and the command line;

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tf_harness.experiments.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: its conf/ and the folder subprocesses start in
 DATASETS = ("chest_xray", "lfw_pairs", "imagenet_det")
@@ -76,11 +77,11 @@ def dataset_absent(name):
 
 def describe(cfg) -> DatasetInfo:
     """The dataset of `cfg`: its spec, verified training table and decode settings."""
-    from tf_harness.data import imagenet_det, task_from_config
+    from tf_harness.data import imagenet_det
     from tf_harness.data.integrity.skipped import SkipLog
     from tf_harness.data.tables import load_tables, path_columns
 
-    task = task_from_config(cfg)
+    task = Settings.from_config(cfg).task()
     table = load_tables(task, cfg.dataset.root, cfg.pipeline.verify_images, SkipLog(),
                         cfg.dataset.max_skipped_fraction)["train"]
     return DatasetInfo(spec=task.SPEC, table=table, path_columns=path_columns(table),
@@ -148,20 +149,18 @@ def train_input(cfg, table, workdir, seed):
     feed): a tf.data.Dataset of (features, labels, weights) uint8 batches, repeated forever."""
     from dataclasses import replace
 
-    from tf_harness.data import task_from_config
     from tf_harness.data.input_fn import Pipeline, input_fn
 
-    pipeline = replace(Pipeline.from_config(cfg), seed=seed)
-    return input_fn(task_from_config(cfg), table, pipeline, split="train", training=True, model_dir=workdir)
+    pipeline = replace(Settings.from_config(cfg).input_pipeline(), seed=seed)
+    return input_fn(Settings.from_config(cfg).task(), table, pipeline, split="train", training=True, model_dir=workdir)
 
 
 def training_records(cfg, table):
     """The training records of `table` (drawn pairs for LFW, else row numbers), repeated, and the record
     source whose `load` turns one into an example, as `input_fn` maps them."""
-    from tf_harness.data import task_from_config
     from tf_harness.data.input_fn import record_source
 
-    source = record_source(task_from_config(cfg), table, "train", training=True)
+    source = record_source(Settings.from_config(cfg).task(), table, "train", training=True)
     return source.records(0).repeat(), source
 
 

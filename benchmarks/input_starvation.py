@@ -17,6 +17,7 @@ import time
 
 from benchmarks import data_api
 from benchmarks.measure import CORES, SEED, load_average, system_busy_seconds, target_line
+from tf_harness.experiments.settings import Settings
 
 FEEDS = ("real", "cached")
 
@@ -85,7 +86,7 @@ def make_trainer(cfg, info):
     from tf_harness.experiments.trainer import Trainer
 
     strategy = strategies.make_strategy(cfg.strategy)
-    return Trainer(cfg, info.spec, strategy, info.size)
+    return Trainer(Settings.from_config(cfg), info.spec, strategy, info.size)
 
 
 def print_report(timer, alone, batch_size, load):

@@ -59,6 +59,7 @@ from benchmarks import data_api, first_calls, measure
 from benchmarks.measure import spread, timed, timing_ratios
 from benchmarks.step_baselines import (ASIDES, PARTS, bare_loop, ceiling_loop, first_device, keras_step, on_device,
                                        prefetched)
+from tf_harness.experiments.settings import Settings
 from tf_harness.experiments import strategies
 from tf_harness.experiments.trainer import Trainer
 
@@ -110,7 +111,7 @@ def setup(dataset, overrides, jit=None, info=None):
 
 
 def make_trainer(cfg, info):
-    return Trainer(cfg, info.spec, strategies.make_strategy(cfg.strategy), info.size)
+    return Trainer(Settings.from_config(cfg), info.spec, strategies.make_strategy(cfg.strategy), info.size)
 
 
 def pipeline_iterator(cfg, info, to_device=False):

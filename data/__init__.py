@@ -41,15 +41,6 @@ def dataset_inputs(name) -> str:
     return "pair" if paired(spec) else "single"
 
 
-def task_from_config(cfg):
-    """The Task named by `dataset.name`, with its decode settings and options read from the config once."""
-    from tf_harness.data.images import Decode, image_size
-
-    task_class = TASKS[cfg.dataset.name]  # experiments/schema.py has checked the name
-    decode = Decode(image_size(cfg.pipeline.image_size), cfg.dataset.resize, cfg.dataset.crop_fraction)
-    return task_class(decode, int(cfg.seed), **{key: cfg.dataset[key] for key in task_class.OPTIONS})
-
-
 def __getattr__(name):
     """`Decode`, `image_size` and `Task`, imported (with TensorFlow) when first asked for."""
     if name in ("Decode", "image_size"):

@@ -58,13 +58,6 @@ class Pipeline:
     service: str = None
     image_table_mb: float = 0
 
-    @classmethod
-    def from_config(cls, cfg) -> "Pipeline":
-        tfrecord = TFRecordSettings.from_config(cfg) if cfg.pipeline.source == "tfrecord" else None
-        return cls(int(cfg.pipeline.batch_size), cfg.pipeline.cache, cfg.pipeline.shuffle_buffer,
-                   float(cfg.pipeline.shuffle_mb), int(cfg.seed), bool(cfg.deterministic), tfrecord,
-                   cfg.pipeline.service, float(cfg.pipeline.image_table_mb))
-
     def buffer(self, count, element_bytes) -> int:
         """A shuffle buffer for `count` elements of about `element_bytes` each: the whole split, up to shuffle_mb
         and MAX_SHUFFLE_ELEMENTS."""

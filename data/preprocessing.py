@@ -21,11 +21,6 @@ class Preprocessing:
         or ``per_image_standardization`` (experiments/schema.py allows only these); `seed`: the seed of every random draw."""
         self.augment, self.flip, self.normalize, self.seed = augment, flip, normalize, seed
 
-    @classmethod
-    def from_config(cls, cfg) -> "Preprocessing":
-        """pipeline.augment, dataset.flip, dataset.normalize and seed, as plain values."""
-        return cls(bool(cfg.pipeline.augment), bool(cfg.dataset.flip), cfg.dataset.normalize, int(cfg.seed))
-
     def __call__(self, features, training, step=None):
         """`features`: uint8 [batch, height, width, channels], or a tuple of such batches.
 

@@ -12,36 +12,47 @@ import uuid
 import warnings
 
 # First of the project: its clock times the start-up from here, within milliseconds of the interpreter's start.
-from tf_harness.experiments import startup
+from tf_harness.experiments import startup  # isort: skip
 
-# Before TensorFlow is imported: keep its C++ start-up chatter out of the user's terminal. The mark
-# tells experiments/startup.py (here and in a launcher's job processes) that the user left it unset.
-if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    os.environ["HARNESS_DEFAULT_TF_LOG_LEVEL"] = "1"
-# conf/hydra/launcher/ sets the launcher plugins' values under their own names, so Hydra checks them against
-# the plugins' schemas, as wanted, but warns on every composition that this matching is deprecated.
-warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
-# Hydra prints composition errors itself, over several lines, then exits 1. Asking
-# it to raise instead lets this module print one line and exit 2.
-os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from hydra.errors import HydraException  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
-
-from tf_harness.experiments import schema, xla_cache  # noqa: E402
+from tf_harness.experiments import schema, xla_cache
 from tf_harness.experiments.run_dir import interrupts, os_errors, reentry
 
 log = logging.getLogger(__name__)
-logging.getLogger("tensorflow").setLevel(logging.WARNING)
-logging.getLogger("absl").setLevel(logging.WARNING)  # e.g. 'Sharding callback duration' at every checkpoint
-# On a full disk run.log cannot be written either: without this, each log line would print a traceback.
-logging.raiseExceptions = False
-# A short random id in run directory names keeps runs started in the same second apart.
-OmegaConf.register_new_resolver("run_id", lambda: uuid.uuid4().hex[:6], use_cache=True)
-# hydra.output_subdir: .hydra for a new run, .hydra/reentry-<time> when re-entering a recorded one.
-OmegaConf.register_new_resolver("run_dir_subdir", reentry.subdir)
+
+
+def setup() -> None:
+    """The process's environment, warnings, log levels and config resolvers, set once by an entry point before
+    TensorFlow or Hydra starts. Importing this module changes none of them."""
+    # Keep TensorFlow's C++ start-up chatter out of the user's terminal. The mark tells experiments/startup.py
+    # (here and in a launcher's job processes) that the user left the level unset.
+    if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        os.environ[startup.DEFAULT_LEVEL_MARK] = "1"
+    # conf/hydra/launcher/ sets the launcher plugins' values under their own names, so Hydra checks them against
+    # the plugins' schemas, as wanted, but warns on every composition that this matching is deprecated.
+    warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
+    # Hydra prints composition errors itself, over several lines, then exits 1. Asking it to raise instead lets
+    # this module print one line and exit 2.
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # e.g. 'Sharding callback duration' at every checkpoint
+    # On a full disk run.log cannot be written either: without this, each log line would print a traceback.
+    logging.raiseExceptions = False
+    register_resolvers()
+
+
+def register_resolvers() -> None:
+    """The config's own resolvers: `run_id`, a short random id in run directory names that keeps runs started in
+    the same second apart, and `run_dir_subdir`, hydra.output_subdir (.hydra for a new run, .hydra/reentry-<time>
+    when re-entering a recorded one)."""
+    if not OmegaConf.has_resolver("run_id"):
+        OmegaConf.register_new_resolver("run_id", lambda: uuid.uuid4().hex[:6], use_cache=True)
+    if not OmegaConf.has_resolver("run_dir_subdir"):
+        OmegaConf.register_new_resolver("run_dir_subdir", reentry.subdir)
 
 
 def _one_line(error) -> str:
@@ -148,7 +159,9 @@ def guarded(task, cfg, problem) -> Outcome:
     problem = problem or schema.first_problem(cfg, os.environ)
     if problem:
         return _failed(f"config error: {problem}", 2)
-    if cfg.get("trainer") and cfg.trainer.get("jit_compile") is not False:
+    from tf_harness.experiments.settings import Settings
+    settings = Settings.from_config(cfg)  # the one reading of the config: below this, plain values
+    if settings.trainer.jit_compile is not False:
         # XLA's compiled programs are kept for the next run of the same shapes; TensorFlow reads where as it starts.
         from tf_harness.data.integrity.cache_folder import cache_home
         xla_cache.enable(cache_home())
@@ -160,7 +173,7 @@ def guarded(task, cfg, problem) -> Outcome:
     from tf_harness.experiments.trainer import NonFiniteLossError
 
     try:
-        metric = task(cfg)
+        metric = task(settings)
     except ConfigError as error:
         return _failed(f"config error: {_one_line(error)}", 2)
     except (DatasetError, NonFiniteLossError, UnrestorableError) as error:

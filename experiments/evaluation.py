@@ -1,31 +1,45 @@
-"""The Estimator's evaluation and prediction passes over a split: its logits in table order, the metrics and
-summaries of an evaluation (metrics.json), and predictions.csv.
+"""Evaluation and prediction passes over a split: its logits in table order, an evaluation's metrics and
+summaries (metrics.json), and predictions.csv.
 
-`Evaluation` is the part of experiments/runner.py's Estimator that reads a split once, without training: the
-runner's loop calls `evaluate` on its interval, mode=evaluate and the sidecar evaluator (experiments/sidecar.py)
-call it on a restored checkpoint, and mode=predict calls `predict`.
+The runner's controller (experiments/runner.py) evaluates on its interval, for mode=evaluate and for the sidecar
+evaluator, and predicts for mode=predict, through one `Evaluator`.
 """
 import logging
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP
+from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
 from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
 from tf_harness.experiments import metrics
 from tf_harness.experiments.run_dir import interrupts
-from tf_harness.experiments.progress import logs_above_the_bar
 from tf_harness.experiments.summaries import write_metrics
 
 log = logging.getLogger(__name__)
 
 
-class Evaluation:
-    """Evaluation and prediction for the Estimator (experiments/runner.py), which holds the config, task, trainer,
-    tables, summaries and run directory these methods read, and `eval_rows`, the validation rows that
-    trainer.eval_steps samples (data/evaluation_sample.py; None: every row)."""
+class Evaluator:
+    """Reads a split once, without training, through the trainer's eval step.
+
+    `input_fn(split, rows)` builds a split's evaluation pipeline; the validation one is built at the first
+    evaluation, so a run that never evaluates never builds it. `note_unreadable()` lists in skipped.csv the
+    files a pass found unreadable. `write` is false on every process but the one that writes the run's files.
+    """
+
+    def __init__(self, task, trainer, tables, summaries, model_dir, *, batch_size, eval_steps, seed, input_fn,
+                 note_unreadable, write=True):
+        self.task, self.spec, self.trainer, self.tables = task, task.SPEC, trainer, tables
+        self.summaries, self.model_dir, self.write = summaries, model_dir, write
+        self.batch_size, self.eval_steps, self.seed = batch_size, eval_steps, seed
+        self.input_fn, self.note_unreadable = input_fn, note_unreadable
+        self.split = "validation"
+        # trainer.eval_steps: the same seeded, stratified rows at every evaluation (None: the whole split).
+        self.rows = sample_rows(tables[self.split], eval_steps, seed)
+        self._data = None
+        self.last_values = {}  # the last evaluation's metrics
 
     def _outputs(self, data, rows):
         """Logits of the `rows` examples `data` holds (a split, or a partial evaluation's sample of it), in table
@@ -33,7 +47,7 @@ class Evaluation:
         that was not checked up front has 0)."""
         logits, weights, total_loss = [], [], 0.0
         iterator = iter(data)
-        batches = -(-rows // self.cfg.pipeline.batch_size)  # the last one padded
+        batches = -(-rows // self.batch_size)  # the last one padded
         with tqdm(total=batches, desc="evaluate", unit="batch", leave=False, dynamic_ncols=True) as progress:
             while True:
                 # A signal waits for the batch's end, so it never lands inside TensorFlow's own Python code.
@@ -47,34 +61,38 @@ class Evaluation:
                     logits.append(batch_logits.numpy())
                     weights.append(batch_weights.numpy())
                     progress.update()
-        seen = min(rows, len(logits) * self.cfg.pipeline.batch_size)  # padding only ever ends the last batch
+        seen = min(rows, len(logits) * self.batch_size)  # padding only ever ends the last batch
         return np.concatenate(logits)[:seen], total_loss, np.concatenate(weights)[:seen] > 0
 
-    @logs_above_the_bar
-    def evaluate(self, restore=False):
-        """Evaluates on the validation split and writes metrics.json; a fresh iterator each time."""
-        if restore:
-            self._restore_model()
+    def evaluate(self) -> dict:
+        """Evaluates the trainer's weights on the validation split and writes metrics.json; a fresh iterator
+        each time."""
+        with logging_redirect_tqdm():
+            return self._evaluate()
+
+    def _evaluate(self) -> dict:
+        if self._data is None:
+            self._data = self.input_fn(self.split, rows=self.rows)
         step = self.trainer.step
-        table = self.tables[self.eval_split]
-        scored = table if self.eval_rows is None else table.iloc[self.eval_rows]  # trainer.eval_steps' sample
-        logits, total_loss, counted = self._outputs(self.eval_data, len(scored))
+        table = self.tables[self.split]
+        scored = table if self.rows is None else table.iloc[self.rows]  # trainer.eval_steps' sample
+        logits, total_loss, counted = self._outputs(self._data, len(scored))
         logits, count = logits[counted], int(counted.sum())
         labels = np.asarray(scored.label.tolist()[:len(counted)])[counted]
         values = {"loss": total_loss / max(count, 1),
                   **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
         if count == len(table):  # a protocol's metrics (LFW's folds) are defined on the whole split only
             values.update(self.task.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
-        self._note_unreadable()  # skipped.csv lists the rows this evaluation could not count
+        self.note_unreadable()  # skipped.csv lists the rows this evaluation could not count
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)
             self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
-            if self.chief:
+            if self.write:
                 write_metrics(self.model_dir, {**values, "global_step": step, "examples": count,
                                                "split_examples": len(table)})
         self.last_values = values
-        if self.cfg.trainer.eval_steps is not None:
-            log.info("Evaluated %d of %d %s examples (%s)", count, len(table), self.eval_split, self._sample_note())
+        if self.eval_steps is not None:
+            log.info("Evaluated %d of %d %s examples (%s)", count, len(table), self.split, self._sample_note())
         headline = metrics.headline(self.spec.task)
         log.info("Evaluation at global step %d on %d examples: loss %.4f, %s %.4f", step, count, values["loss"],
                  headline, values.get(headline, float("nan")))
@@ -82,11 +100,11 @@ class Evaluation:
 
     def _sample_note(self) -> str:
         """What trainer.eval_steps made of this evaluation, for its count line."""
-        steps = self.cfg.trainer.eval_steps
-        if self.eval_rows is None:
+        steps = self.eval_steps
+        if self.rows is None:
             return f"trainer.eval_steps={steps} asks for {steps} x {EXAMPLES_PER_STEP}: the whole split"
         note = (f"trainer.eval_steps={steps}: {steps} x {EXAMPLES_PER_STEP}, a sample stratified by class, drawn with "
-                f"seed={self.pipeline.seed}, the same at every evaluation and pipeline.batch_size")
+                f"seed={self.seed}, the same at every evaluation and pipeline.batch_size")
         if type(self.task).protocol_metrics is not Task.protocol_metrics:  # the dataset has a protocol of its own
             note += f"; the protocol metrics of {self.spec.name} are defined on the whole split and left out"
         return note
@@ -95,13 +113,13 @@ class Evaluation:
         """Writes predictions.csv, one row per example: the image path(s), a probability per class, the true
         label(s) where the split has them (`label`, or `label/<class>` per class for multi-label), and the
         checkpoint's `global_step`."""
-        self._restore_model()
-        split = "test" if "test" in self.tables else self.eval_split
+        split = "test" if "test" in self.tables else self.split
         table = self.tables[split]
         # Every worker takes part: the steps are collective.
-        logits, _, counted = self._outputs(self._input_fn(split, training=False), len(table))
-        self._note_unreadable()
-        if not self.chief:
+        with logging_redirect_tqdm():
+            logits, _, counted = self._outputs(self.input_fn(split), len(table))
+        self.note_unreadable()
+        if not self.write:
             return
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
         scores[~counted] = np.nan  # damaged files that were not checked up front have no prediction

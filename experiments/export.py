@@ -33,7 +33,6 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2
 
-from tf_harness.data.errors import ConfigError
 from tf_harness.experiments.run_dir import checkpoints
 
 log = logging.getLogger(__name__)
@@ -155,19 +154,15 @@ def damage(folder: Path) -> str | None:
     return None
 
 
-def export(estimator):
-    """Exports the run directory's newest restorable checkpoint (experiments/run_dir/checkpoints.py `newest_finite`, as
-    evaluate and predict find it) to `<run>/export/<global_step>/`; returns that folder, or None on a worker
-    that is not the chief (the chief alone writes it). An export already there is left as it is."""
-    if not estimator.chief:
+def export(task, trainer, run_dir):
+    """Exports the run directory's newest restorable checkpoint (experiments/run_dir/checkpoints.py `newest_finite`,
+    as evaluate and predict find it), restored into `trainer` already, to `<run>/export/<global_step>/`; returns
+    that folder, or None on a worker that is not the chief (the chief alone writes it). An export already there is
+    left as it is."""
+    if not run_dir.chief:
         return None
-    latest = checkpoints.newest_finite(estimator.checkpoint_dir)
-    if latest is None:
-        raise ConfigError(f"mode=export needs a checkpoint in {estimator.checkpoint_dir}; train into that run "
-                          f"directory first (hydra.run.dir=...)")
-    trainer = estimator.trainer
-    trainer.checkpoint().restore(latest).expect_partial()
-    export_dir = estimator.model_dir / FOLDER
+    latest = run_dir.latest()
+    export_dir = run_dir.model_dir / FOLDER
     target = export_dir / str(trainer.step)
     if target.exists() or target.is_symlink():
         reason = damage(target)
@@ -181,8 +176,8 @@ def export(estimator):
                  trainer.step)
         return target
     export_dir.mkdir(exist_ok=True)
-    spec = estimator.spec
-    write(Serving(estimator.task, trainer.preprocess, trainer.model), target)
+    spec = task.SPEC
+    write(Serving(task, trainer.preprocess, trainer.model), target)
     log.info("Exported %s (global step %d) to %s: signature %s takes %s (string [None], encoded JPEG or PNG "
              "files) and gives %s (float32 [None, %d]: %s)", latest, trainer.step, target, SIGNATURE,
              " and ".join(input_names(spec)), OUTPUT, spec.num_outputs, _class_list(spec.class_names))

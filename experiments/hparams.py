@@ -114,21 +114,21 @@ def _leaves(node, prefix=""):
             yield name, value
 
 
-def _run_value(cfg, hydra_cfg, key):
-    """The run's value of a swept key: a config group's chosen option, or the config's value."""
+def _run_value(settings, hydra_cfg, key):
+    """The run's value of a swept key: a config group's chosen option, or the setting's value."""
     choices = hydra_cfg.runtime.choices
     if key in choices:
         return choices[key]
-    return OmegaConf.select(cfg, key.lstrip("+~"))
+    return settings.select(key.lstrip("+~"), None)
 
 
-def hparams_and_values(cfg, hydra_cfg):
+def hparams_and_values(settings, hydra_cfg):
     """The dashboard's hyper-parameters (swept keys first, with their domains), this run's values, and the swept
     keys' domains (`sweep_domains`)."""
     domains = sweep_domains(hydra_cfg)
     hparams, values = [], {}
     for key, domain in domains.items():
-        value = _run_value(cfg, hydra_cfg, key)
+        value = _run_value(settings, hydra_cfg, key)
         interval = isinstance(domain, tuple)
         kind = _kind(list(domain or []) + [value])
         if interval:
@@ -141,7 +141,7 @@ def hparams_and_values(cfg, hydra_cfg):
             hparam = hp.HParam(key)
         hparams.append(hparam)
         values[key] = _shown(value, kind, interval)
-    for key, value in _leaves(OmegaConf.to_container(cfg, resolve=True)):
+    for key, value in _leaves(settings.values.to_dict()):
         if key not in values:
             hparams.append(hp.HParam(key))
             values[key] = _shown(value, _kind([value]))

@@ -32,30 +32,15 @@ def _label_text(label, spec):
     return spec.class_names[int(label[0])]
 
 
-def peek(iterator):
-    """The iterator's next element, with the iterator left where it was; None when its state cannot be saved (a
-    tf.data service stream). The state is saved in memory and restored, as a checkpoint of the iterator would be:
-    a second copy of the training pipeline would cost its own start, and a second disk cache would clash with the
-    first one's lockfile."""
-    try:
-        state = iterator._serialize_to_tensors()  # the saveable that tf.train.Checkpoint(iterator=...) writes
-    except (tf.errors.OpError, ValueError, TypeError) as error:
-        log.info("The training inputs are not shown in TensorBoard: the input iterator cannot save its position "
-                 "(%s)", str(error).splitlines()[0] if str(error) else type(error).__name__)
-        return None
-    element = next(iterator)
-    iterator._restore_from_tensors(state)
-    return element
-
-
-def training_batch(iterator, preprocess, step):
-    """The next training batch as the train step will see it, augmented and normalised for global step `step`:
-    (features, labels), with `iterator` left where it was (peek); None when it cannot be peeked at."""
-    element = peek(iterator)
-    if element is None:
-        return None
-    features, labels, _ = element
-    return preprocess(features, training=True, step=tf.constant(step, tf.int64)), labels.numpy()
+def first_batch(iterator, preprocess, step):
+    """Takes the next training batch from `iterator` for display: (features, labels) as the train step at global
+    `step` sees them, augmented and normalised, and a one-batch iterator of the batch itself, for the first train
+    loop to train on. So what TensorBoard shows is what the model trained on, and the run's iterator, which a
+    checkpoint holds, has moved by exactly the batch trained."""
+    batch = next(iterator)
+    features, labels, _ = batch
+    shown = preprocess(features, training=True, step=tf.constant(step, tf.int64))
+    return shown, labels.numpy(), iter(tf.data.Dataset.from_tensors(batch))
 
 
 def write_inputs(features, labels, spec, step):

@@ -23,16 +23,15 @@ task never joins the cluster's MultiWorkerMirroredStrategy. Only a recorded run 
 command line (its saved config is what the checkpoints hold); the evaluator task of a cluster runs the workers'
 own command line and may start before the chief has recorded anything.
 
-Nothing TensorFlow-side is imported at module level: `wanted` and `start` (the lock and the log) run before it.
+The runner's main (experiments/runner.py) builds what it evaluates with, on one device; this module decides which
+checkpoint to evaluate and when to stop. Nothing TensorFlow-side is imported at module level: `wanted` and `start`
+(the lock and the log) run before it.
 """
 import logging
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from tf_harness.data.errors import ConfigError
-from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.experiments import strategies
 from tf_harness.experiments.run_dir import reentry, run_lock
 
@@ -42,12 +41,12 @@ LOG_NAME = "eval.log"
 POLL_SECONDS = 1.0  # how often the checkpoint folder is listed while there is nothing new to evaluate
 
 
-def wanted(cfg) -> bool:
+def wanted(settings) -> bool:
     """Whether this job is the sidecar evaluator: mode=continuous_eval, or TF_CONFIG's evaluator task."""
-    return cfg.mode == MODE or strategies.is_evaluator()
+    return settings.mode == MODE or strategies.is_evaluator()
 
 
-def start(cfg, model_dir) -> None:
+def start(settings, model_dir) -> None:
     """Before anything is written: leaves the trainer's run.log, refuses a directory no run has recorded (from the
     command line), takes the evaluator lock (ConfigError naming its holder) and logs to eval.log from then on."""
     model_dir = Path(model_dir)
@@ -66,84 +65,30 @@ def start(cfg, model_dir) -> None:
         logging.getLogger().addHandler(handler)
 
 
-def run(cfg, model_dir, estimator_class):
-    """Runs mode=continuous_eval in `model_dir` with the runner's Estimator class; returns the headline metric of
-    the last evaluation (None when there was none)."""
-    from tf_harness.experiments import metrics
+def evaluate_each(settings, checkpoint_dir, trainer, evaluator) -> None:
+    """Restores each new checkpoint in `checkpoint_dir` into `trainer` and evaluates it with `evaluator`, until
+    the final step or trainer.eval_timeout (the module's docstring); logs why it stopped."""
     from tf_harness.experiments.summaries import evaluated_step
 
-    model_dir = Path(model_dir)
-    start(cfg, model_dir)
-    if cfg.mode != MODE:
+    if settings.mode != MODE:
         log.info("TF_CONFIG's task is the evaluator: mode=%s, beside the cluster's workers", MODE)
-    log.info("Config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
-    log.info("Run directory: %s; mode=%s logs to %s, run.log is the trainer's", model_dir, MODE, LOG_NAME)
-    estimator = _estimator(cfg, model_dir, estimator_class)
-    watch = Watch(model_dir / "checkpoints", cfg.trainer.train_steps, cfg.trainer.eval_timeout,
-                  evaluated=evaluated_step(model_dir))
-    log.info("%s", watch.run(lambda path, step: _evaluate(estimator, path, step)))
-    return estimator.last_values.get(metrics.headline(estimator.spec.task))
+    watch = Watch(checkpoint_dir, settings.trainer.train_steps, settings.trainer.eval_timeout,
+                  evaluated=evaluated_step(Path(checkpoint_dir).parent))
+    log.info("%s", watch.run(lambda path, step: _evaluate(trainer, evaluator, path, step)))
 
 
-def _estimator(cfg, model_dir, estimator_class):
-    """The runner's Estimator over the validation split, on one device, writing validation/ and metrics.json only."""
-    import keras
-    import tensorflow as tf
-
-    from tf_harness.data import task_from_config
-    from tf_harness.data.input_fn import Pipeline
-    from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
-    from tf_harness.data.tfrecords.reader import check_shards
-    from tf_harness.experiments.trainer import Trainer
-
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(cfg.seed)
-    if cfg.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    policy = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}[cfg.pipeline.dtype]
-    keras.mixed_precision.set_global_policy(policy)
-    task, pipeline, skipped = task_from_config(cfg), Pipeline.from_config(cfg), _Unwritten()
-    tables = task.index(dataset_root(task, cfg.dataset.root), skipped)
-    if cfg.pipeline.verify_images:
-        tables = drop_undecodable(tables, skipped)
-    check_shards(task, tables, pipeline.tfrecord, "evaluate", skipped)  # the validation split's shards
-    check_skipped(tables, skipped, cfg.dataset.max_skipped_fraction)
-    strategy = strategies.one_device()
-    log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
-    trainer = Trainer(cfg, task.SPEC, strategy, task.decode.size)
-    return estimator_class(cfg, task, pipeline, trainer, _validation_summaries(model_dir), model_dir, tables, skipped)
-
-
-def _validation_summaries(model_dir):
-    """The run's Summaries writing validation/ alone: train/ and the HParams record are the trainer's."""
-    from tf_harness.experiments.summaries import Summaries, file_writer
-
-    summaries = Summaries(str(model_dir), enabled=False)  # no-op writers, no event file
-    summaries.enabled = True
-    summaries.writers["validation"] = file_writer(str(Path(model_dir) / "validation"))
-    return summaries
-
-
-class _Unwritten(SkipLog):
-    """The sidecar's record of the examples left out, never written: skipped.csv is the trainer's (two writers
-    would race on its temporary file), and the trainer lists the files this process finds unreadable too."""
-
-    def write(self, path):
-        pass
-
-
-def _evaluate(estimator, path, step):
+def _evaluate(trainer, evaluator, path, step):
     """Restores the checkpoint at `path` (global `step`) and evaluates it; None, or why it could not be restored."""
     import tensorflow as tf
 
     try:
-        estimator.trainer.checkpoint().restore(str(path)).expect_partial()
+        trainer.checkpoint().restore(str(path)).expect_partial()
     except (tf.errors.OpError, ValueError) as error:  # deleted by the trainer's keep_checkpoints, say
         return f"it could not be restored ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})"
-    if estimator.trainer.step != step:
-        return f"it holds global step {estimator.trainer.step}, not {step}"
+    if trainer.step != step:
+        return f"it holds global step {trainer.step}, not {step}"
     log.info("Restored %s (global step %d)", path, step)
-    estimator.evaluate()
+    evaluator.evaluate()
     return None
 
 

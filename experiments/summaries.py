@@ -22,13 +22,14 @@ def file_writer(logdir: str):
 
 
 class Summaries:
-    """Event writers for `<model_dir>/train` and `<model_dir>/validation`."""
+    """Event writers for `<model_dir>/train` and `<model_dir>/validation`; a split not in `splits` gets a writer
+    that writes nothing (the sidecar evaluator writes validation/ alone, a non-chief worker neither)."""
 
-    def __init__(self, model_dir, enabled=True):
+    def __init__(self, model_dir, splits=("train", "validation")):
         self.model_dir = model_dir
-        self.enabled = enabled
-        make = file_writer if enabled else (lambda _: tf.summary.create_noop_writer())
-        self.writers = {split: make(os.path.join(model_dir, split)) for split in ("train", "validation")}
+        self.enabled = bool(splits)
+        self.writers = {split: file_writer(os.path.join(model_dir, split)) if split in splits
+                        else tf.summary.create_noop_writer() for split in ("train", "validation")}
 
     def scalars(self, split, values: dict, step: int):
         with self.writers[split].as_default(step=step):
@@ -50,12 +51,12 @@ class Summaries:
                 review.write_evaluation(spec, labels, probabilities, step)
             self.writers["validation"].flush()
 
-    def hparams(self, cfg, task, hydra_cfg):
+    def hparams(self, settings, task, hydra_cfg):
         """Records the run's hyper-parameters for TensorBoard's HParams dashboard (experiments/hparams.py), once
         per run directory: a re-entry (resume, evaluate, predict) runs the saved config, already recorded."""
         if not self.enabled or hparams_record.has_record(self.model_dir):
             return
-        hparams, values, swept = hparams_record.hparams_and_values(cfg, hydra_cfg)
+        hparams, values, swept = hparams_record.hparams_and_values(settings, hydra_cfg)
         metrics = hparams_record.metric_columns(task, hparams_record.swept_tasks(swept))
         config = hparams_record.config_pb(hparams, metrics, swept)
         with tf.summary.create_file_writer(self.model_dir).as_default():

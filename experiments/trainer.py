@@ -17,7 +17,6 @@ import numpy as np
 import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.data.preprocessing import Preprocessing
 from tf_harness.experiments import graph_optimizer, metrics, optimizers
 from tf_harness.experiments.loop_input import LoopInput
 from tf_harness.models import BUILDERS
@@ -120,45 +119,45 @@ class Trainer:
     loss-scale optimizer skips overflowing scaled gradients itself, as it should.
     """
 
-    def __init__(self, cfg, spec, strategy, image_size):
+    def __init__(self, settings, spec, strategy, image_size):
         self.spec, self.strategy = spec, strategy
         self.replicas = strategy.num_replicas_in_sync
-        self.global_batch_size = cfg.pipeline.batch_size
-        self.steps_per_loop = cfg.trainer.steps_per_loop or default_steps_per_loop()
-        if cfg.trainer.steps_per_loop is None:
+        self.global_batch_size = settings.pipeline.batch_size
+        self.steps_per_loop = settings.trainer.steps_per_loop or default_steps_per_loop()
+        if settings.trainer.steps_per_loop is None:
             log.info("trainer.steps_per_loop=null: %d step(s) per loop (%s)", self.steps_per_loop,
                      "a GPU or TPU is present" if self.steps_per_loop > 1 else "CPU alone")
-        jit_compile = cfg.trainer.jit_compile
-        self.jit_compile = resolve_jit_compile(jit_compile, self.replicas, cfg.deterministic)
+        jit_compile = settings.trainer.jit_compile
+        self.jit_compile = resolve_jit_compile(jit_compile, self.replicas, settings.deterministic)
         if self.jit_compile and self.replicas > 1:
-            raise ConfigError(f"trainer.jit_compile=true needs one replica, and strategy={cfg.strategy.name} "
+            raise ConfigError(f"trainer.jit_compile=true needs one replica, and strategy={settings.strategy.name} "
                               f"runs {self.replicas}; set trainer.jit_compile=false or null")
         if jit_compile is None:
             log.info("trainer.jit_compile=null: %s", "each train step compiled with XLA (a GPU, one replica)"
                      if self.jit_compile else "no XLA (CPU alone, several replicas or deterministic)")
         # Before anything is traced: Grappler optimizes each function as it is first called.
-        options = graph_optimizer.resolve(cfg.trainer.graph_optimizer, accelerated())
+        options = graph_optimizer.resolve(settings.trainer.graph_optimizer, accelerated())
         graph_optimizer.apply(options)
-        if cfg.trainer.graph_optimizer is None and options:  # null resolves to options on CPU alone, {} elsewhere
+        if settings.trainer.graph_optimizer is None and options:  # null resolves to options on CPU alone, {} elsewhere
             log.info("trainer.graph_optimizer=null: %s (CPU alone)", options)
-        self.max_nonfinite_steps = cfg.trainer.max_nonfinite_steps
-        self.fetch_ahead = resolve_fetch_ahead(cfg.trainer.fetch_ahead, self.replicas)
-        if cfg.trainer.fetch_ahead is None:
+        self.max_nonfinite_steps = settings.trainer.max_nonfinite_steps
+        self.fetch_ahead = resolve_fetch_ahead(settings.trainer.fetch_ahead, self.replicas)
+        if settings.trainer.fetch_ahead is None:
             log.info("trainer.fetch_ahead=null: %s", "each batch fetched while the step before it runs (a GPU or "
                      "TPU, one replica)" if self.fetch_ahead else "each batch fetched after the step before it")
-        self.mixed_precision = cfg.pipeline.dtype == "float16"
-        self.preprocess = Preprocessing.from_config(cfg)
+        self.mixed_precision = settings.pipeline.dtype == "float16"
+        self.preprocess = settings.preprocessing()
         with strategy.scope():
-            self.model = BUILDERS[cfg.model.name](cfg.model, spec, image_size)
+            self.model = BUILDERS[settings.model.name](settings.model, spec, image_size)
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            self.optimizer = _optimizer(cfg.trainer, self.global_step)
+            self.optimizer = _optimizer(settings.trainer, self.global_step)
             if self.mixed_precision:
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             # Keras 3 optimizers must create their slots before the first distributed step (keras#19246).
             self.optimizer.build(self.model.trainable_variables)
             # Not checkpointed: a resumed run counts afresh.
             self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
-        self.input = LoopInput(cfg.deterministic)
+        self.input = LoopInput(settings.deterministic)
         if self.jit_compile:
             # The whole step, its non-finite check, skip and counters included, as one XLA cluster; the
             # loop around it (iterator, clocks, results) stays in the graph.
@@ -367,7 +366,7 @@ class Trainer:
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
 
-def _optimizer(trainer_cfg, global_step):
+def _optimizer(trainer, global_step):
     """The optimizer the trainer settings name, its schedule evaluated at `global_step`.
 
     Keras would evaluate a schedule at `optimizer.iterations`, which counts applied updates only, so
@@ -377,11 +376,11 @@ def _optimizer(trainer_cfg, global_step):
     schedule's value at S. The constant default stays a plain float, so the optimizer keeps its
     `learning_rate` variable and checkpoints written before schedules existed still restore.
     """
-    rate = optimizers.schedule(trainer_cfg.schedule, trainer_cfg.learning_rate, trainer_cfg.train_steps,
-                               warmup_steps=trainer_cfg.warmup_steps, decay_steps=trainer_cfg.decay_steps,
-                               decay_rate=trainer_cfg.decay_rate)
-    return optimizers.optimizer(trainer_cfg.optimizer, rate, step=global_step, momentum=trainer_cfg.momentum,
-                                weight_decay=trainer_cfg.weight_decay)
+    rate = optimizers.schedule(trainer.schedule, trainer.learning_rate, trainer.train_steps,
+                               warmup_steps=trainer.warmup_steps, decay_steps=trainer.decay_steps,
+                               decay_rate=trainer.decay_rate)
+    return optimizers.optimizer(trainer.optimizer, rate, step=global_step, momentum=trainer.momentum,
+                                weight_decay=trainer.weight_decay)
 
 
 class _CheckedEvalStep:

@@ -61,37 +61,37 @@ class Plan:
     total: int = 0  # the model's variables (weights and batch-norm statistics)
 
 
-def start(cfg, model, latest) -> None:
+def start(settings, model, latest) -> None:
     """Steps 2 and 3 of the resume policy for a training run (experiments/runner.py `_resume_training`): with
     `latest`, the run's own checkpoint, trainer.init_checkpoint is ignored (logged); without, the model variables it
     holds that match are restored into `model` (the optimizer and the global step are left as they are, fresh)."""
-    init, pretrained = cfg.trainer.get("init_checkpoint"), cfg.model.get("pretrained")
+    init, pretrained = settings.trainer.get("init_checkpoint"), settings.model.get("pretrained")
     if latest:
         if init:
             log.info("trainer.init_checkpoint=%s is ignored: the run resumes from its own checkpoint %s", init, latest)
         return
-    if pretrained and cfg.dataset.normalize != "unit_range":
+    if pretrained and settings.dataset.normalize != "unit_range":
         # keras.applications.resnet_v2.preprocess_input scales to [-1, 1], which is what unit_range gives.
         log.warning("model.pretrained=%s: the weights were trained on images scaled to [-1, 1] "
                     "(dataset.normalize=unit_range), and this run uses dataset.normalize=%s", pretrained,
-                    cfg.dataset.normalize)
+                    settings.dataset.normalize)
     if init:
-        exclude = _exclude(cfg)
+        exclude = _exclude(settings)
         restore(model, resolve(init), exclude)
 
 
-def check(cfg, checkpoint_dir) -> None:
+def check(settings, checkpoint_dir) -> None:
     """Before a run writes anything (experiments/runner.py `run`): raises ConfigError when a training run without a
     checkpoint of its own in `checkpoint_dir` would warm-start from a trainer.init_checkpoint that cannot be
     restored, or with a trainer.init_exclude that is no regular expression."""
-    init = cfg.trainer.get("init_checkpoint")
-    if init and cfg.mode in TRAINING_MODES and not checkpoints.on_disk(checkpoint_dir):
-        _exclude(cfg)
+    init = settings.trainer.get("init_checkpoint")
+    if init and settings.mode in TRAINING_MODES and not checkpoints.on_disk(checkpoint_dir):
+        _exclude(settings)
         stored_variables(resolve(init))
 
 
-def _exclude(cfg):
-    exclude = cfg.trainer.get("init_exclude")
+def _exclude(settings):
+    exclude = settings.trainer.get("init_exclude")
     try:
         re.compile(exclude or "")
     except re.error as error:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tf_harness.experiments.settings import Settings
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF = PROJECT / "conf"
@@ -39,7 +40,8 @@ def compose(*overrides):
     """The project's config composed as `python run.py` would, with `overrides`."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from omegaconf import OmegaConf
-    from tf_harness.experiments import cli  # noqa: F401  (registers the run_id resolver)
+    from tf_harness.experiments import cli
+    cli.register_resolvers()
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=list(overrides))
@@ -64,8 +66,7 @@ def run_cli(*args, timeout=900, env=None, **kwargs):
 
 def task_of(cfg):
     """The Task a composed config names."""
-    from tf_harness.data import task_from_config
-    return task_from_config(cfg)
+    return Settings.from_config(cfg).task()
 
 
 def tables_of(cfg, skipped=None):
@@ -79,7 +80,7 @@ def tables_of(cfg, skipped=None):
 def make_input(cfg, table, training, split, context=None, model_dir=None):
     """input_fn for one split of a composed config, as the runner calls it."""
     from tf_harness.data.input_fn import Pipeline, input_fn
-    return input_fn(task_of(cfg), table, Pipeline.from_config(cfg), split=split, training=training, context=context,
+    return input_fn(task_of(cfg), table, Settings.from_config(cfg).input_pipeline(), split=split, training=training, context=context,
                     model_dir=model_dir)
 
 
@@ -88,7 +89,7 @@ def convert_shards(cfg):
     from tf_harness.data.tfrecords.layout import TFRecordSettings
     from tf_harness.data.tfrecords.writer import convert
     from tf_harness.experiments.strategies import workers
-    return convert(task_of(cfg), TFRecordSettings.from_config(cfg), int(cfg.seed), cfg.pipeline.verify_images,
+    return convert(task_of(cfg), Settings.from_config(cfg).tfrecords(), int(cfg.seed), cfg.pipeline.verify_images,
                    cfg.dataset.max_skipped_fraction, workers()[0])
 
 
@@ -97,7 +98,7 @@ def read_shards(cfg, split, training, seed=0, table=None, context=None):
     (before input_fn's shuffle)."""
     from tf_harness.data.tfrecords.layout import TFRecordSettings
     from tf_harness.data.tfrecords.reader import TFRecordRecords
-    source = TFRecordRecords(task_of(cfg), table, split, training, TFRecordSettings.from_config(cfg))
+    source = TFRecordRecords(task_of(cfg), table, split, training, Settings.from_config(cfg).tfrecords())
     return source.records(seed, context).map(source.load)
 
 

@@ -1,6 +1,8 @@
-"""The architecture docs/architecture.md describes: layers without cycles, and modules and functions short enough to read."""
+"""The architecture docs/architecture.md describes: layers without cycles, a main that reads top to bottom,
+settings read once, and imports without side effects."""
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,8 +10,6 @@ from pathlib import Path
 from tests.conftest import PROJECT
 
 SOURCES = ("data", "models", "experiments", "benchmarks", "run.py")
-MAX_FILE_LINES = 400
-MAX_FUNCTION_LINES = 60
 
 
 def _python_files():
@@ -28,19 +28,47 @@ def test_layers_and_no_import_cycles():
     assert "Contracts: 2 kept, 0 broken." in result.stdout
 
 
-def test_modules_and_functions_stay_short():
-    long_files, long_functions = [], []
-    for path in _python_files():
-        source = path.read_text()
-        if source.count("\n") > MAX_FILE_LINES:
-            long_files.append(f"{path.relative_to(PROJECT)}: {source.count(chr(10))} lines")
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                length = node.end_lineno - node.lineno + 1
-                if length > MAX_FUNCTION_LINES:
-                    long_functions.append(f"{path.relative_to(PROJECT)}:{node.lineno} {node.name}: {length} lines")
-    assert not long_files, long_files
-    assert not long_functions, long_functions
+def test_the_main_reads_top_to_bottom_in_its_sections():
+    """experiments/runner.py's `run` is one function in banner sections, in the order a run takes them."""
+    source = (PROJECT / "experiments" / "runner.py").read_text()
+    main = next(node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == "run")
+    body = source.splitlines()[main.lineno - 1:main.end_lineno]
+    banners = [re.match(r"\s*# ([A-Z][a-z]+(?: [a-z]+)?)\b", line).group(1) for line in body
+               if re.fullmatch(r"\s*# .*-{10,}", line)]
+    assert banners == ["Settings", "Run directory", "Data", "Model", "Restore", "Loop", "Close"], banners
+    assert len(body) <= 200, len(body)
+
+
+def _reads_the_config(tree) -> bool:
+    """Whether a module reads a raw config (a name `cfg`) by attribute, item or `get`."""
+    return any(isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.value, ast.Name)
+               and node.value.id == "cfg" for node in ast.walk(tree))
+
+
+def test_at_most_three_modules_read_the_raw_config():
+    """The config becomes Settings at the top (experiments/settings.py); the schema check and the re-entry
+    comparison read it raw, before that. Every other module takes plain values."""
+    readers = sorted(str(path.relative_to(PROJECT)) for path in _python_files()
+                     if not str(path.relative_to(PROJECT)).startswith("benchmarks")
+                     and _reads_the_config(ast.parse(path.read_text())))
+    assert len(readers) <= 3 and set(readers) <= {"experiments/settings.py", "experiments/schema.py",
+                                                    "experiments/run_dir/reentry.py"}, readers
+
+
+def test_importing_a_module_changes_no_global_state():
+    """Environment, warnings, log levels and config resolvers are set by cli.setup(), which entry points call."""
+    check = ("import logging, os, sys, warnings\n"
+             "before = (dict(os.environ), list(warnings.filters), logging.raiseExceptions,\n"
+             "          logging.getLogger('tensorflow').level)\n"
+             "from omegaconf import OmegaConf\n"
+             "import tf_harness.experiments.cli, tf_harness.experiments.settings, tf_harness.experiments.schema\n"
+             "after = (dict(os.environ), list(warnings.filters), logging.raiseExceptions,\n"
+             "         logging.getLogger('tensorflow').level)\n"
+             "assert before == after, [b == a for b, a in zip(before, after)]\n"
+             "assert not OmegaConf.has_resolver('run_id') and not OmegaConf.has_resolver('run_dir_subdir')\n"
+             "assert 'tensorflow' not in sys.modules\n")
+    result = subprocess.run([sys.executable, "-c", check], cwd=PROJECT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 # Where a reader enters each file of the documented path, and the file of the path that calls it there.

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP
-from tf_harness.data.input_fn import Pipeline
-from tf_harness.data.integrity.skipped import SkipLog
-from tf_harness.experiments.runner import Estimator
+from tf_harness.data.input_fn import input_fn
+from tf_harness.experiments.evaluation import Evaluator
+from tf_harness.experiments.settings import Settings
 from tf_harness.experiments.summaries import Summaries
 from tf_harness.experiments.trainer import Trainer
 from tests.conftest import compose, run_cli, tables_of, task_of
@@ -40,11 +40,18 @@ def evaluations(tmp_path, batch_size, times):
     cfg = compose(*TINY_LFW, f"pipeline.batch_size={batch_size}")
     task, tables = task_of(cfg), tables_of(cfg)
     tf.keras.utils.set_random_seed(cfg.seed)
-    trainer = Trainer(cfg, task.SPEC, tf.distribute.get_strategy(), task.decode.size)
+    settings = Settings.from_config(cfg)
+    trainer = Trainer(settings, task.SPEC, tf.distribute.get_strategy(), task.decode.size)
     model_dir = tmp_path / f"batch-{batch_size}"
     model_dir.mkdir()
-    estimator = Estimator(cfg, task, Pipeline.from_config(cfg), trainer, Summaries(str(model_dir)), model_dir,
-                          tables, SkipLog())
+    pipeline = settings.input_pipeline()
+
+    def split_input(split, rows=None):
+        return input_fn(task, tables[split], pipeline, split=split, training=False, model_dir=model_dir, rows=rows)
+
+    estimator = Evaluator(task, trainer, tables, Summaries(str(model_dir)), model_dir, batch_size=batch_size,
+                          eval_steps=settings.trainer.eval_steps, seed=pipeline.seed, input_fn=split_input,
+                          note_unreadable=lambda: None)
     scored, values = [], None
     for _ in range(times):
         trainer.eval_step = ScoredExamples(trainer.eval_step)

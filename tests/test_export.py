@@ -22,6 +22,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tests.conftest import REAL, compose, require_real_fixtures, run_cli, task_of
+from tf_harness.experiments.settings import Settings
 from tf_harness.data.errors import ConfigError
 from tf_harness.experiments import export, metrics
 from tf_harness.experiments.trainer import Trainer
@@ -58,7 +59,7 @@ def odd_files(tmp_path_factory):
 
 def tiny_trainer(cfg):
     task = task_of(cfg)
-    return task, Trainer(cfg, task.SPEC, tf.distribute.get_strategy(), task.decode.size)
+    return task, Trainer(Settings.from_config(cfg), task.SPEC, tf.distribute.get_strategy(), task.decode.size)
 
 
 def expected_probabilities(task, trainer, paths):

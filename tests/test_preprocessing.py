@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.data.preprocessing import Preprocessing
+from tf_harness.experiments.settings import Settings
 from tests.conftest import PROJECT, compose
 
 
@@ -17,11 +17,11 @@ def batch(seed=0, shape=(8, 16, 20, 3)):
 
 @pytest.fixture
 def det():
-    return Preprocessing.from_config(compose("dataset=imagenet_det"))  # flips, per-image standardisation
+    return Settings.from_config(compose("dataset=imagenet_det")).preprocessing()  # flips, per-image standardisation
 
 
 def test_unit_range_maps_uint8_to_minus_one_one():
-    preprocess = Preprocessing.from_config(compose("dataset=chest_xray"))
+    preprocess = Settings.from_config(compose("dataset=chest_xray")).preprocessing()
     images = tf.constant([[[[0]], [[255]]]], tf.uint8)
     np.testing.assert_allclose(preprocess(images, training=False).numpy().ravel(), [-1.0, 1.0])
     augmented = preprocess(batch(shape=(4, 8, 8, 1)), training=True, step=tf.constant(3, tf.int64)).numpy()
@@ -47,7 +47,7 @@ def test_training_draws_are_seeded_by_the_step(det):
 
 def test_flips_and_brightness_vary_per_image():
     cfg = compose("dataset=imagenet_det", "dataset.normalize=unit_range")
-    preprocess = Preprocessing.from_config(cfg)
+    preprocess = Settings.from_config(cfg).preprocessing()
     images = tf.repeat(batch(shape=(1, 6, 10, 3)), 64, axis=0)  # one image, 64 times
     out = preprocess(images, training=True, step=tf.constant(1, tf.int64)).numpy()
     plain = preprocess(images, training=False).numpy()[0]
@@ -60,7 +60,7 @@ def test_flips_and_brightness_vary_per_image():
 
 
 def test_pairs_are_augmented_independently():
-    preprocess = Preprocessing.from_config(compose("dataset=lfw_pairs"))
+    preprocess = Settings.from_config(compose("dataset=lfw_pairs")).preprocessing()
     images = batch()
     first, second = preprocess((images, images), training=True, step=tf.constant(2, tf.int64))
     assert not np.array_equal(first.numpy(), second.numpy())
@@ -71,8 +71,8 @@ import numpy as np, tensorflow as tf
 from tf_harness.experiments import strategies
 from tests.conftest import compose
 strategy = strategies.make_strategy(compose("strategy=mirrored").strategy)  # two logical CPUs
-from tf_harness.data.preprocessing import Preprocessing
-preprocess = Preprocessing.from_config(compose("dataset=imagenet_det"))
+from tf_harness.experiments.settings import Settings
+preprocess = Settings.from_config(compose("dataset=imagenet_det")).preprocessing()
 images = tf.constant(np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), np.uint8))
 out = strategy.run(tf.function(lambda: preprocess(images, training=True, step=tf.constant(1, tf.int64))))
 first, second = (t.numpy() for t in strategy.experimental_local_results(out))

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.plugins.pr_curve import metadata as pr_metadata
 
+from tf_harness.experiments.settings import Settings
 from tf_harness.data.spec import DatasetSpec
 from tests.conftest import compose, event_tags, make_input, run_cli, tables_of, task_of
 
@@ -37,21 +38,26 @@ def test_training_inputs_show_both_images_of_a_pair_side_by_side_with_their_labe
     assert "1: same person; 2: different people" in accumulator.SummaryMetadata("inputs").summary_description
 
 
-def test_training_inputs_come_augmented_and_normalised_from_the_run_iterator_which_stays_where_it_was():
-    from tf_harness.data.preprocessing import Preprocessing
+def test_training_inputs_come_augmented_and_normalised_from_the_first_batch_the_run_trains_on():
     from tf_harness.experiments import review
     cfg = compose("dataset=lfw_pairs", "experiment=smoke")
-    preprocess = Preprocessing.from_config(cfg)
+    preprocess = Settings.from_config(cfg).preprocessing()
     iterator = iter(make_input(cfg, tables_of(cfg)["train"], training=True, split="train"))
     next(iterator)  # somewhere in the stream, as after a resume
-    features, labels = review.training_batch(iterator, preprocess, step=0)
+    expected = iter(make_input(cfg, tables_of(cfg)["train"], training=True, split="train"))
+    next(expected)
+    (expected_a, _), expected_labels, _ = next(expected)
+    features, labels, trained = review.first_batch(iterator, preprocess, step=0)
     assert len(features) == 2 and features[0].shape == (4, 32, 32, 3) and features[0].dtype == tf.float32
     assert len(labels) == 4
     # unit_range, not uint8: what the model sees.
     assert -1.0 <= float(tf.reduce_min(features[0])) and float(tf.reduce_max(features[0])) <= 1.0
-    # The batch shown is the one training reads next: the iterator did not move.
-    (images_a, _), next_labels, _ = next(iterator)
-    assert np.array_equal(next_labels.numpy(), labels)
+    # The batch shown is the one the first loop trains on, and the run's iterator moved past it alone.
+    (images_a, _), trained_labels, _ = next(trained)
+    assert next(trained, None) is None
+    assert np.array_equal(trained_labels.numpy(), labels) and np.array_equal(labels, expected_labels.numpy())
+    assert np.array_equal(images_a.numpy(), expected_a.numpy())
+    assert np.array_equal(next(iterator)[1].numpy(), next(expected)[1].numpy())  # the stream goes on after it
     shown_again = preprocess((images_a, images_a), training=True, step=tf.constant(0, tf.int64))[0]
     assert np.allclose(shown_again.numpy(), features[0].numpy())
     # Another step draws another augmentation.

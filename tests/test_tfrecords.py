@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 from omegaconf import OmegaConf
 
+from tf_harness.experiments.settings import Settings
 from tf_harness.data import TASKS
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.sources import TableRecords
@@ -105,7 +106,7 @@ def test_train_shards_split_across_workers_from_tf_config(converted, monkeypatch
     cfg, manifest, tables = converted("chest_xray", "raw")
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": [f"localhost:{2000 + i}" for i in range(3)]},
                                                 "task": {"type": "worker", "index": 0}}))
-    settings = layout.TFRecordSettings.from_config(_override(cfg, "tfrecord.min_shards_per_worker=4"))
+    settings = Settings.from_config(_override(cfg, "tfrecord.min_shards_per_worker=4")).tfrecords()
     from tf_harness.experiments.strategies import workers
     plan = writer._plan(task_of(cfg), settings, "train", tables["train"], cfg.seed, workers()[0])
     assert len(plan) == 4 * 3 and sorted(np.concatenate(plan)) == list(range(len(tables["train"])))
@@ -509,7 +510,7 @@ def test_cut_train_shards_lose_only_their_lost_records_which_are_listed_counted_
         _cut(directory / shard["file"], 2 * record + record // 2)  # two whole records, then half of one
     skipped = SkipLog()
     with caplog.at_level(logging.WARNING, logger="tf_harness.data.tfrecords.reader"):
-        check_shards(task_of(cfg), tables, layout.TFRecordSettings.from_config(cfg), "train", skipped)
+        check_shards(task_of(cfg), tables, Settings.from_config(cfg).tfrecords(), "train", skipped)
     lost = sum(shard["count"] - 2 for shard in shards)
     assert skipped.rows == [(str(directory / shard["file"]),
                              f"shard damaged: {shard['count'] - 2} of {shard['count']} records unreadable")
@@ -525,7 +526,7 @@ def test_cut_train_shards_lose_only_their_lost_records_which_are_listed_counted_
         check_skipped(tables, skipped, 0.1)
     check_skipped(tables, skipped, 0.99)
 
-    source = TFRecordRecords(task_of(cfg), tables["train"], "train", True, layout.TFRecordSettings.from_config(cfg))
+    source = TFRecordRecords(task_of(cfg), tables["train"], "train", True, Settings.from_config(cfg).tfrecords())
     assert source.epoch_length() == source.count == 2 * len(shards)
     whole = {image.tobytes() for image, _ in read_shards(converted("chest_xray", "raw")[0], "train", False)
              .as_numpy_iterator()}
@@ -623,7 +624,7 @@ def test_shards_changed_in_place_are_found_by_their_sha256(converted, tmp_path, 
     assert verdicts[4] == (shards[4]["count"], None)
     assert (f"TFRecord shard {fourth} has 22 bytes after its recorded end; its {shards[3]['count']} records are "
             f"read, and nothing after them") in caplog.text
-    source = TFRecordRecords(task_of(cfg), tables["train"], "train", True, layout.TFRecordSettings.from_config(cfg))
+    source = TFRecordRecords(task_of(cfg), tables["train"], "train", True, Settings.from_config(cfg).tfrecords())
     assert sum(1 for _ in source.records(0)) == sum(readable for readable, _ in shard_verdicts(directory, shards))
 
 
@@ -634,11 +635,11 @@ def test_a_shards_sha256_is_read_once_per_version_of_the_file(converted, tmp_pat
     cfg, manifest, tables = converted("chest_xray", "raw")
     hashed = []
     monkeypatch.setattr(reader, "sha256", lambda path, limit=None: hashed.append(path) or layout.sha256(path, limit))
-    settings = layout.TFRecordSettings.from_config(cfg)
+    settings = Settings.from_config(cfg).tfrecords()
     reader.TFRecordRecords(task_of(cfg), tables["train"], "train", True, settings)
     assert hashed == []
     copy, _, _ = _damaged_copy(converted, tmp_path)
-    copied = layout.TFRecordSettings.from_config(copy)
+    copied = Settings.from_config(copy).tfrecords()
     for _ in range(2):
         reader.TFRecordRecords(task_of(copy), tables["train"], "train", True, copied)
     assert len(hashed) == len(manifest["splits"]["train"]["shards"])

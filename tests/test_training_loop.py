@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_harness.experiments.settings import Settings
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.experiments import trainer as trainer_module
 from tf_harness.experiments.trainer import NonFiniteLossError, Trainer, loop_length, resolve_fetch_ahead
@@ -41,7 +42,7 @@ def make_trainer(*overrides):
     cfg = compose("dataset=lfw_pairs", f"pipeline.image_size={SIZE}", f"pipeline.batch_size={BATCH}",
                   "model.widths=[16,32]", "model.embedding_size=4", "model.head_units=4",
                   "trainer.max_nonfinite_steps=3", *overrides)
-    return Trainer(cfg, PAIRS, tf.distribute.get_strategy(), (SIZE, SIZE))
+    return Trainer(Settings.from_config(cfg), PAIRS, tf.distribute.get_strategy(), (SIZE, SIZE))
 
 
 def pairs(weight=1.0):

@@ -11,21 +11,21 @@ import sys
 # starts as quietly as a run does, and reports a bad config before TensorFlow starts.
 from tf_harness.experiments import cli
 
-import hydra
+cli.setup()  # as in run.py: the entry point's one call, before TensorFlow or Hydra starts
 
-from tf_harness.experiments.run_dir import reentry
+import hydra  # noqa: E402
+
+from tf_harness.experiments.run_dir import reentry  # noqa: E402
 
 
-def convert_configured(cfg):
+def convert_configured(settings):
     # TensorFlow starts here, once cli.guarded has passed the config.
-    from tf_harness.data import task_from_config
-    from tf_harness.data.tfrecords.layout import TFRecordSettings
     from tf_harness.data.tfrecords.writer import convert
     from tf_harness.experiments import strategies
 
     workers, _ = strategies.workers()
-    convert(task_from_config(cfg), TFRecordSettings.from_config(cfg), int(cfg.seed), cfg.pipeline.verify_images,
-            cfg.dataset.max_skipped_fraction, workers)
+    convert(settings.task(), settings.tfrecords(), settings.seed, settings.pipeline.verify_images,
+            settings.dataset.max_skipped_fraction, workers)
 
 
 @hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")

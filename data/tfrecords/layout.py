@@ -39,11 +39,6 @@ class TFRecordSettings:
     cycle_length: int
     dataset_root: str = None
 
-    @classmethod
-    def from_config(cls, cfg) -> "TFRecordSettings":
-        # The schema (experiments/schema.py) has checked every value.
-        return cls(Path(cfg.tfrecord.dir).expanduser(), cfg.tfrecord.encoding, float(cfg.tfrecord.shard_mb),
-                   int(cfg.tfrecord.min_shards_per_worker), int(cfg.tfrecord.cycle_length), cfg.dataset.root)
 
 
 def convert_command(task, settings: TFRecordSettings) -> str:

@@ -2,26 +2,26 @@
 
 A re-entry may change pipeline.source, pipeline.cache, dataset.root and the strategy; a saved iterator restored
 into another pipeline would fail, so a resume compares the checkpoint's pipeline with its own and, when they
-differ, restarts the input stream (experiments/runner.py). Nothing here imports TensorFlow.
+differ, restarts the input stream (experiments/run_dir/directory.py). Nothing here imports TensorFlow.
 """
 import json
 import logging
 from pathlib import Path
 
 from tf_harness.data.integrity.atomic_file import replacing
-from tf_harness.experiments.run_dir.reentry import value_of
 
 log = logging.getLogger(__name__)
 INPUT_RECORD = "input_pipelines.json"
 
 
-def input_signature(cfg, replicas, saved) -> dict | None:
+SIGNATURE_KEYS = ("dataset.root", "pipeline.source", "pipeline.cache", "pipeline.batch_size", "strategy")
+
+
+def input_signature(settings, replicas, saved) -> dict | None:
     """What shapes the training input iterator; None when checkpoints leave the iterator out (`saved` false)."""
     if not saved:
         return None
-    return {"dataset.root": value_of(cfg, "dataset.root"), "pipeline.source": value_of(cfg, "pipeline.source"),
-            "pipeline.cache": value_of(cfg, "pipeline.cache"), "pipeline.batch_size": value_of(cfg, "pipeline.batch_size"),
-            "strategy": value_of(cfg, "strategy"), "replicas": int(replicas)}
+    return {**{key: settings.select(key, None) for key in SIGNATURE_KEYS}, "replicas": int(replicas)}
 
 
 def _input_records(checkpoint_dir, warn=False) -> list:

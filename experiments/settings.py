@@ -1,0 +1,132 @@
+"""The run's settings: the composed config, once experiments/schema.py has checked it, read into plain values.
+
+`Settings.from_config` is where a run reads its config; every module below the entry points takes these
+values instead. The objects the data side needs (the dataset's Task, the input pipeline's settings, the
+preprocessing, the TFRecord settings) are built here from them, so no data module sees the config.
+Nothing here imports TensorFlow until one of those objects is asked for.
+"""
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+_ABSENT = object()
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return Section(value)
+    if isinstance(value, list):
+        return tuple(_plain(item) for item in value)
+    return value
+
+
+class Section(Mapping):
+    """One config group as read-only attributes of plain values: nested groups are Sections, lists tuples."""
+
+    def __init__(self, values: dict):
+        object.__setattr__(self, "_values", {key: _plain(value) for key, value in values.items()})
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"no setting {name!r}") from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("settings are read-only")
+
+    def __getitem__(self, key):
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self):
+        return len(self._values)
+
+    def __repr__(self):
+        return f"Section({self.to_dict()!r})"
+
+    def to_dict(self) -> dict:
+        """The group as plain dicts and lists, as the config wrote it."""
+        def unwrap(value):
+            if isinstance(value, Section):
+                return value.to_dict()
+            if isinstance(value, tuple):
+                return [unwrap(item) for item in value]
+            return value
+        return {key: unwrap(value) for key, value in self._values.items()}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of one run, as plain values (conf/ documents each key; experiments/schema.py its type)."""
+
+    mode: str
+    seed: int
+    deterministic: bool
+    dataset: Section
+    model: Section
+    pipeline: Section
+    trainer: Section
+    strategy: Section
+    tfrecord: Section
+    values: Section  # the whole config, resolved: for the log, the HParams record and the input record
+
+    @classmethod
+    def from_config(cls, cfg) -> "Settings":
+        """Reads the composed, checked config once, resolving its interpolations."""
+        values = Section(OmegaConf.to_container(cfg, resolve=True))
+        return cls(mode=values.mode, seed=int(values.seed), deterministic=bool(values.deterministic),
+                   dataset=values.dataset, model=values.model, pipeline=values.pipeline, trainer=values.trainer,
+                   strategy=values.strategy, tfrecord=values.get("tfrecord", Section({})), values=values)
+
+    def select(self, key, default=_ABSENT):
+        """The value at a dotted `key` (``pipeline.cache``, ``strategy``), or `default` when there is none."""
+        node = self.values
+        for part in key.split("."):
+            if not isinstance(node, Section) or part not in node:
+                return default
+            node = node[part]
+        return node.to_dict() if isinstance(node, Section) else node
+
+    def yaml(self) -> str:
+        """The config as the run log shows it."""
+        return OmegaConf.to_yaml(OmegaConf.create(self.values.to_dict()))
+
+    def task(self):
+        """The dataset's Task, with its decode settings and options."""
+        from tf_harness.data import TASKS
+        from tf_harness.data.images import Decode, image_size
+
+        task_class = TASKS[self.dataset.name]
+        decode = Decode(image_size(list(self.pipeline.image_size) if isinstance(self.pipeline.image_size, tuple)
+                                   else self.pipeline.image_size), self.dataset.resize, self.dataset.crop_fraction)
+        return task_class(decode, self.seed, **{key: self.dataset[key] for key in task_class.OPTIONS})
+
+    def tfrecords(self):
+        """Where TFRecord shards are written and read (tfrecord.*)."""
+        from tf_harness.data.tfrecords.layout import TFRecordSettings
+
+        return TFRecordSettings(Path(self.tfrecord.dir).expanduser(), self.tfrecord.encoding,
+                                float(self.tfrecord.shard_mb), int(self.tfrecord.min_shards_per_worker),
+                                int(self.tfrecord.cycle_length), self.dataset.root)
+
+    def input_pipeline(self):
+        """What input_fn reads (pipeline.*, seed, deterministic)."""
+        from tf_harness.data.input_fn import Pipeline
+
+        pipeline = self.pipeline
+        return Pipeline(int(pipeline.batch_size), pipeline.cache, pipeline.shuffle_buffer, float(pipeline.shuffle_mb),
+                        self.seed, self.deterministic, self.tfrecords() if pipeline.source == "tfrecord" else None,
+                        pipeline.service, float(pipeline.image_table_mb))
+
+    def preprocessing(self):
+        """The augmentation and normalisation of a batch (pipeline.augment, dataset.flip and normalize, seed)."""
+        from tf_harness.data.preprocessing import Preprocessing
+
+        return Preprocessing(bool(self.pipeline.augment), bool(self.dataset.flip), self.dataset.normalize, self.seed)

@@ -32,7 +32,6 @@ from tf_harness.experiments.summaries import Summaries, evaluated_step
 from tf_harness.experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
 
 log = logging.getLogger(__name__)
-MODES = ("train_and_evaluate", "train", "evaluate", "predict", "export", "continuous_eval")
 
 
 def _duration(seconds) -> str:

@@ -1,44 +1,29 @@
 """Datasets: one Task subclass per dataset (data/task.py), and the input pipeline that reads them.
 
-`TASKS` is the one list of datasets. Nothing here imports TensorFlow: the config check
-(experiments/schema.py) reads the names, and what each Task declares (data/registry.py), before
-TensorFlow starts; a Task's module is imported when the Task itself is first asked for.
+`TASKS` is the one list of datasets, and its lines are where each dataset declares what the config check
+(experiments/schema.py) needs: whether an example is one image or a pair, and its ``dataset.*`` options.
+Nothing here imports TensorFlow, so the check reads them before TensorFlow starts; a Task's module is
+imported when the Task itself is first asked for, and takes its OPTIONS and ``SPEC.paired`` from its line.
 Adding a dataset: docs/adding-a-dataset.md.
 """
-import dataclasses
-
 from tf_harness.data.errors import ConfigError  # noqa: F401  (re-exported)
-from tf_harness.data.registry import Call, Registry
+from tf_harness.data.registry import INPUTS, Entry, Registry  # noqa: F401  (INPUTS re-exported)
+
+
+class Dataset(Entry):
+    """A dataset's line: its Task class (``"module:Class"``), ``inputs`` (``single`` or ``pair``: what an example
+    is, the Task's ``SPEC.paired``) and ``options`` (the Task's OPTIONS: the ``dataset.*`` keys its constructor
+    takes besides the decode settings)."""
+
 
 # The datasets ---------------------------------------------------------------------------------------
 
-# One line per dataset: its config name (conf/dataset/<name>.yaml) and its Task class.
+# One line per dataset: its config name (conf/dataset/<name>.yaml), its Task class and what it declares.
 TASKS = Registry({
-    "chest_xray": "tf_harness.data.chest_xray:ChestXray",
-    "imagenet_det": "tf_harness.data.imagenet_det:ImagenetDet",
-    "lfw_pairs": "tf_harness.data.lfw_pairs:LfwPairs",
+    "chest_xray": Dataset("tf_harness.data.chest_xray:ChestXray", inputs="single", options=("validation_fraction",)),
+    "imagenet_det": Dataset("tf_harness.data.imagenet_det:ImagenetDet", inputs="single"),
+    "lfw_pairs": Dataset("tf_harness.data.lfw_pairs:LfwPairs", inputs="pair", options=("eval_pairs", "fold")),
 })
-
-
-# What an example is: one image, or a pair of them.
-INPUTS = ("single", "pair")
-
-
-def dataset_inputs(name) -> str:
-    """``single`` or ``pair``: what an example of dataset `name` is, read from its Task's ``SPEC.paired``."""
-    from tf_harness.data.spec import DatasetSpec
-
-    fields = dataclasses.fields(DatasetSpec)
-    position = [field.name for field in fields].index("paired")
-
-    def paired(spec):
-        if not isinstance(spec, Call) or spec.function != f"{DatasetSpec.__module__}.{DatasetSpec.__name__}":
-            return None
-        return spec.kwargs.get("paired", spec.args[position] if len(spec.args) > position else fields[position].default)
-
-    spec = TASKS.read(name, "SPEC", lambda value: isinstance(paired(value), bool),
-                      "DatasetSpec(...) with a literal paired")
-    return "pair" if paired(spec) else "single"
 
 
 def __getattr__(name):

@@ -259,7 +259,6 @@ class ChestXray(Task):
     """NIH ChestX-ray14 as a 14-label multi-label task; options: ``validation_fraction``."""
 
     SPEC = SPEC
-    OPTIONS = ("validation_fraction",)
     make_sample = staticmethod(make_sample)
 
     def index(self, root, skipped) -> dict:

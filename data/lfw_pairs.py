@@ -30,7 +30,7 @@ from tf_harness.data.integrity.text_files import read_text
 
 log = logging.getLogger(__name__)
 
-SPEC = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3, paired=True)
+SPEC = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3)
 
 # The release tarballs: original, funneled (Huang et al. 2007) and deep-funneled (Huang et al. 2012).
 IMAGE_FOLDERS = ("lfw", "lfw_funneled", "lfw-deepfunneled")
@@ -146,7 +146,6 @@ class LfwPairs(Task):
     """LFW face verification; options: ``eval_pairs`` (dev_test|pairs) and ``fold``."""
 
     SPEC = SPEC
-    OPTIONS = ("eval_pairs", "fold")
     DRAWS_TRAINING_RECORDS = True
     make_sample = staticmethod(make_sample)
 

@@ -6,6 +6,7 @@ one ``conf/dataset/<name>.yaml`` and one line in ``TASKS`` (docs/adding-a-datase
 import importlib
 from pathlib import Path
 
+from tf_harness.data import TASKS
 from tf_harness.data.images import Decode
 from tf_harness.data.spec import DatasetSpec
 
@@ -17,13 +18,14 @@ class Task:
     `protocol_metrics` are optional, and `make_sample` is ``data/samples/<SPEC.name>.py``'s.
     The dataset's default model is its conf/dataset/<name>.yaml's ``override /model:``.
 
-    The config check (experiments/schema.py) reads OPTIONS and ``SPEC.paired`` from the class's source,
-    before TensorFlow starts, so write them as literals: ``OPTIONS = ("fold",)``,
-    ``SPEC = DatasetSpec(..., paired=True)`` (in the class or at the top of its module).
+    OPTIONS and ``SPEC.paired`` are written in the dataset's line in ``TASKS`` (data/__init__.py), which the
+    config check (experiments/schema.py) reads before TensorFlow starts: a subclass that line names takes
+    its OPTIONS from it, and writes none of its own; its ``DatasetSpec`` leaves ``paired`` out.
 
     Attributes:
         SPEC: the shape of the examples and labels (data/spec.py).
-        OPTIONS: the ``dataset.*`` config keys the constructor takes besides the decode settings.
+        OPTIONS: the ``dataset.*`` config keys the constructor takes besides the decode settings: the
+            ``options`` of the class's line in ``TASKS``.
         DRAWS_TRAINING_RECORDS: whether `train_records` draws the training records (else the
             training table's rows are shuffled and repeated).
     """
@@ -31,6 +33,15 @@ class Task:
     SPEC: DatasetSpec
     OPTIONS: tuple = ()
     DRAWS_TRAINING_RECORDS = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        entry = TASKS.declaring(cls.__module__, cls.__qualname__)
+        if entry is None:
+            return
+        if "OPTIONS" in vars(cls):
+            raise TypeError(f"{entry.path} writes OPTIONS; its line in TASKS (data/__init__.py) declares them")
+        cls.OPTIONS = entry.options
 
     def __init__(self, decode: Decode, seed: int, **options):
         """`decode`: how images are decoded and resized; `seed`: the split seed; `options`: OPTIONS' values."""

@@ -4,14 +4,13 @@ Every leaf key of the composed config has its type declared below, once, on one 
 
 - ``KEYS``: the keys every run has, by full name (``trainer.*``, ``pipeline.*``, ``tfrecord.*``, ...);
 - ``OPTION_KEYS``: the keys only some datasets or models have (``dataset.validation_fraction``);
-- ``STRATEGY_KEYS``: the keys of one strategy, by its name.
+- ``STRATEGY_KEYS``: the keys of one strategy, by its name: the one list of strategy names.
 
-What is not declared here is read from the code it describes, without importing TensorFlow: the dataset
-and model names from ``TASKS`` (data/__init__.py) and ``BUILDERS`` (models/__init__.py); which
-``dataset.*`` options a dataset has, and whether its examples are single images or pairs, from its Task's
-``OPTIONS`` and ``SPEC.paired``; which ``model.*`` options a model has and what it takes, from its family
-module's ``OPTIONS`` and ``INPUTS`` (`dataset_keys`, `model_keys`). So a dataset or model added there is
-known here with no edit; an option key new to the harness needs its type line in OPTION_KEYS.
+``MODES`` is the one list of modes. The rest is imported from the TensorFlow-free modules that declare it:
+the datasets, whether an example is one image or a pair, and their ``dataset.*`` options from ``TASKS``
+(data/__init__.py); the models, what each takes, their ``model.*`` options and siamese_cnn's ``MERGES``
+from models/__init__.py; the TFRecord ``ENCODINGS`` from data/tfrecords/layout.py. So a dataset or model
+added there is known here with no edit; an option key new to the harness needs its type in OPTION_KEYS.
 
 A key in conf/ that is not declared is itself a config error, and so is a declared key missing
 from the composed config, so conf/ and the code cannot drift apart (tests/test_config.py walks them).
@@ -33,8 +32,9 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tf_harness.data import INPUTS, TASKS, dataset_inputs
-from tf_harness.models import BUILDERS, model_inputs
+from tf_harness.data import INPUTS, TASKS
+from tf_harness.data.tfrecords.layout import ENCODINGS
+from tf_harness.models import BUILDERS, MERGES
 from tf_harness.experiments import graph_optimizer
 
 MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
@@ -145,6 +145,8 @@ IMAGE_SIZE = Key("an integer >= 1 (a square side) or [height, width]",
                  lambda value: integer(1).accepts(value) or integers(1, length=2).accepts(value))
 
 MODES = ("train_and_evaluate", "train", "evaluate", "predict", "export", "continuous_eval")
+# The strategies (conf/strategy/<name>.yaml, experiments/strategies.py), each with the keys only it has.
+STRATEGY_KEYS = {"auto": {}, "one_device": {}, "mirrored": {"strategy.logical_cpus": integer(1)}, "multi_worker": {}}
 
 # One line per key. A new key in conf/ gets its line here, in the table of its group.
 KEYS = {
@@ -190,7 +192,7 @@ KEYS = {
     "trainer.init_exclude": _with_null(Key("a regular expression", lambda value: isinstance(value, str)), "none"),
 
     "tfrecord.dir": PATH,
-    "tfrecord.encoding": one_of("encoded", "raw"),
+    "tfrecord.encoding": one_of(*ENCODINGS),
     "tfrecord.shard_mb": number(0, low_open=True),
     "tfrecord.min_shards_per_worker": integer(1),
     "tfrecord.cycle_length": integer(1),
@@ -206,11 +208,11 @@ KEYS = {
     "model.name": Names(BUILDERS),
     "model.inputs": one_of(*INPUTS),
 
-    "strategy.name": one_of("auto", "one_device", "mirrored", "multi_worker"),
+    "strategy.name": one_of(*STRATEGY_KEYS),
 }
 
-# The type of each key that only some datasets or models have. Which ones have it is read from their code:
-# a Task's OPTIONS (data/<name>.py), a model family's OPTIONS (models/<family>.py).
+# The type of each key that only some datasets or models have. Which ones have it is their lines' options
+# (TASKS in data/__init__.py, BUILDERS in models/__init__.py).
 OPTION_KEYS = {
     "dataset.validation_fraction": number(0, 1, low_open=True, high_open=True),
     "dataset.eval_pairs": one_of("dev_test", "pairs"),
@@ -222,16 +224,10 @@ OPTION_KEYS = {
     "model.filters": integers(1, length=5),
     "model.dense_units": integer(1),
     "model.dropout": number(0, 1, high_open=True),
-    "model.merge": one_of(*BUILDERS.declared("siamese_cnn", "MERGES")["MERGES"]),  # models/siamese_cnn.py's
+    "model.merge": one_of(*MERGES),
     "model.widths": integers(1),
     "model.embedding_size": integer(1),
     "model.head_units": integer(1),
-}
-STRATEGY_KEYS = {
-    "auto": {},
-    "one_device": {},
-    "mirrored": {"strategy.logical_cpus": integer(1)},
-    "multi_worker": {},
 }
 
 
@@ -244,13 +240,17 @@ def _untyped(key) -> Key:
     return Key(f"of a known type: experiments/schema.py declares none for {key} (OPTION_KEYS)", lambda value: False)
 
 
+# ``single`` or ``pair``: what an example of a dataset is, and what a model takes, as their lines declare.
+dataset_inputs, model_inputs = TASKS.inputs, BUILDERS.inputs
+
+
 def dataset_keys(name) -> dict:
-    """The keys dataset `name` has beyond KEYS' dataset.*: its Task's OPTIONS."""
+    """The keys dataset `name` has beyond KEYS' dataset.*: its line's options in TASKS."""
     return _keys("dataset", TASKS.options(name))
 
 
 def model_keys(name) -> dict:
-    """The keys model `name` has beyond KEYS' model.*: its family's OPTIONS; ``model.inputs`` takes its INPUTS."""
+    """The keys model `name` has beyond KEYS' model.*: its family's options; ``model.inputs`` takes its inputs."""
     return {"model.inputs": one_of(model_inputs(name)), **_keys("model", BUILDERS.options(name))}
 
 
@@ -343,7 +343,7 @@ def _combinations(cfg) -> str | None:
         return (f"pipeline.cache={cfg.pipeline.cache} does not go with pipeline.service={cfg.pipeline.service}: "
                 f"a cache would sit on each service worker, partial; use one or the other")
     wanted = dataset_inputs(cfg.dataset.name)
-    if cfg.model.inputs != wanted:  # the model's own INPUTS: model_keys checked it
+    if cfg.model.inputs != wanted:  # the model's own inputs: model_keys checked it
         fitting = sorted(name for name in BUILDERS if model_inputs(name) == wanted)
         return (f"model={cfg.model.name} takes {cfg.model.inputs} images but dataset={cfg.dataset.name} gives "
                 f"{wanted} images; choose one of {'|'.join(fitting)}")

@@ -13,7 +13,6 @@ from tf_harness.data.errors import ConfigError
 from tf_harness.experiments import schema
 
 log = logging.getLogger(__name__)
-NAMES = ("auto", "one_device", "mirrored", "multi_worker")
 EVALUATOR = "evaluator"  # TF_CONFIG's task type of the process that evaluates beside the workers
 
 
@@ -53,7 +52,7 @@ def make_strategy(strategy_cfg):
     elif name == "multi_worker":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
-        raise ConfigError(f"strategy={name} is unknown; choose one of {'|'.join(NAMES)}")
+        raise ConfigError(f"strategy={name} is unknown; choose one of {'|'.join(schema.STRATEGY_KEYS)}")
     log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
     return strategy
 

@@ -13,10 +13,10 @@ import keras
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.spec import DatasetSpec
+from tf_harness.models import RESNET_V2
 
-# What the config check (experiments/schema.py) reads: one image per example, and the model.* keys build reads.
-INPUTS = "single"
-OPTIONS = ("batch_norm_momentum", "pretrained")
+# What an example is, and the model.* keys build reads: declared once, in models/__init__.py.
+INPUTS, OPTIONS = RESNET_V2.inputs, RESNET_V2.options
 
 _APPLICATIONS = {
     "resnet_v2_50": keras.applications.ResNet50V2,

@@ -19,10 +19,10 @@ image size. Convolutions and pools pad ``same``, so small images work too.
 import keras
 
 from tf_harness.data.spec import DatasetSpec
+from tf_harness.models import SEMI_ALEXNET
 
-# What the config check (experiments/schema.py) reads: one image per example, and the model.* keys build reads.
-INPUTS = "single"
-OPTIONS = ("filters", "dense_units", "dropout")
+# What an example is, and the model.* keys build reads: declared once, in models/__init__.py.
+INPUTS, OPTIONS = SEMI_ALEXNET.inputs, SEMI_ALEXNET.options
 
 # (kernel size, stride, followed by a max-pool) of the five conv layers, as in AlexNet.
 _CONV_LAYERS = ((11, 4, True), (5, 1, True), (3, 1, False), (3, 1, False), (3, 1, True))

@@ -13,12 +13,10 @@ Two ways to merge the pair (``model.merge``):
 import keras
 
 from tf_harness.data.spec import DatasetSpec
+from tf_harness.models import SIAMESE_CNN
 
-MERGES = ("embedding", "pixel_difference")
-# What the config check (experiments/schema.py) reads: a pair of images per example, and the model.* keys
-# build reads.
-INPUTS = "pair"
-OPTIONS = ("merge", "widths", "embedding_size", "head_units")
+# What an example is, and the model.* keys build reads: declared once, in models/__init__.py (with MERGES).
+INPUTS, OPTIONS = SIAMESE_CNN.inputs, SIAMESE_CNN.options
 
 
 def conv_stack(widths, name) -> keras.Sequential:

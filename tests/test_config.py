@@ -206,22 +206,16 @@ def test_a_good_tf_config_passes():
 
 
 def test_the_schema_agrees_with_the_code_it_stands_in_for():
-    """The schema is read before TensorFlow starts, so it repeats a few value lists the TensorFlow modules define."""
+    """The schema is read before TensorFlow starts, so it repeats LFW's evaluation pair files' names."""
     from tf_harness.data import lfw_pairs
-    from tf_harness.data.tfrecords import layout as tfrecords
-    from tf_harness.experiments import runner, schema, strategies
-    from tf_harness.models import siamese_cnn
+    from tf_harness.experiments import schema
 
-    assert set(schema.STRATEGY_KEYS) == set(strategies.NAMES)
-    assert schema.MODES == runner.MODES
-    assert schema.KEYS["tfrecord.encoding"].allowed == f"one of {'|'.join(tfrecords.ENCODINGS)}"
     assert schema.OPTION_KEYS["dataset.eval_pairs"].allowed == f"one of {'|'.join(lfw_pairs.EVAL_PAIRS)}"
-    assert schema.OPTION_KEYS["model.merge"].allowed == f"one of {'|'.join(siamese_cnn.MERGES)}"
 
 
 def test_the_schema_reads_each_dataset_and_model_from_its_code():
-    """Names, keys and inputs come from TASKS, BUILDERS and what each Task and model family declares, read
-    from their source before TensorFlow starts: what the schema reads is what the imported code holds."""
+    """Names, keys and inputs come from the lines of TASKS and BUILDERS, read before TensorFlow starts: what the
+    schema reads is what the imported Task classes and model family modules hold."""
     from importlib import import_module
     from tf_harness.experiments import schema
 
@@ -242,26 +236,25 @@ def test_the_schema_reads_each_dataset_and_model_from_its_code():
 
 
 TOY_TASK = """
-raise ImportError("the config check reads this module's source; it never runs it")
+raise ImportError("the config check reads this module's line in TASKS; it never runs the module")
 
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
 
-SPEC = DatasetSpec(name="toy", task="binary", class_names=("same",), channels=3, paired=True)
-
 
 class Toy(Task):
-    SPEC = SPEC
-    OPTIONS = ("eval_pairs",)
+    SPEC = DatasetSpec(name="toy", task="binary", class_names=("same",), channels=3)
 """
 
 
-def _toy_registered(tmp_path, monkeypatch, registry, path, source):
-    """`source` as a module of its own in `tmp_path`, registered in `registry` as `toy`."""
+def _toy_registered(tmp_path, monkeypatch, registry, path, source, inputs="pair", options=()):
+    """`source` as a module of its own in `tmp_path`, registered in `registry` as `toy` with `inputs` and `options`."""
+    from tf_harness.data.registry import Entry
+
     module = f"toy_{tmp_path.name.replace('-', '_')}"
     (tmp_path / f"{module}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(registry.paths, "toy", f"{module}:{path}")
+    monkeypatch.setitem(registry.entries, "toy", Entry(f"{module}:{path}", inputs=inputs, options=options))
     return module
 
 
@@ -272,7 +265,7 @@ def test_a_task_registered_only_in_tasks_is_known_to_the_schema(tmp_path, monkey
     cfg.dataset.name = "toy"
     del cfg.dataset["fold"]
     assert schema.first_problem(cfg, {}).startswith("dataset.name=toy is not one of chest_xray|")
-    module = _toy_registered(tmp_path, monkeypatch, data.TASKS, "Toy", TOY_TASK)
+    module = _toy_registered(tmp_path, monkeypatch, data.TASKS, "Toy", TOY_TASK, options=("eval_pairs",))
     assert schema.problems(cfg, {}) == []  # its name, its one option and its pairs, from data.TASKS alone
     assert module not in sys.modules
     cfg.dataset.fold = 3
@@ -284,34 +277,54 @@ def test_a_task_registered_only_in_tasks_is_known_to_the_schema(tmp_path, monkey
                                              "images; choose one of siamese_cnn")
 
 
-@pytest.mark.parametrize("task, typed, problem", [
-    # Inherited attributes and a SPEC given by position are read too; a new option needs its type in the schema.
-    ("class Base(Task):\n    OPTIONS = ('threshold',)\n\nclass Toy(Base):\n"
-     "    SPEC = DatasetSpec('toy', 'binary', ('same',), 3, True)\n", False,
+@pytest.mark.parametrize("inputs, typed, problem", [
+    # A new option needs its type in the schema.
+    ("pair", False,
      "dataset.threshold=0.5 is not of a known type: experiments/schema.py declares none for dataset.threshold"),
-    ("class Base(Task):\n    OPTIONS = ('threshold',)\n\nclass Toy(Base):\n"
-     "    SPEC = DatasetSpec('toy', 'binary', ('same',), 3, True)\n", True,
-     "model=semi_alexnet takes single images but dataset=toy gives pair images"),
-    # What the schema cannot read without running the code is an error naming what to write.
-    ("class Toy(Task):\n    OPTIONS = ('threshold',)\n    SPEC = make_spec()\n", True,
-     "toy_*:Toy: the config check reads SPEC from the source, before TensorFlow starts, and finds make_spec(...) there; "
-     "write it as DatasetSpec(...) with a literal paired"),
+    ("pair", True, "model=semi_alexnet takes single images but dataset=toy gives pair images"),
+    # A line the schema cannot use is an error naming what to write.
+    ("pairs", True, "toy_*:Toy: inputs='pairs' is not one of single|pair"),
 ])
-def test_what_a_task_declares_is_read_from_its_source(tmp_path, monkeypatch, task, typed, problem):
+def test_what_a_tasks_line_declares_is_what_the_schema_checks(tmp_path, monkeypatch, inputs, typed, problem):
     from fnmatch import fnmatch
     from tf_harness.experiments import schema
 
-    _toy_registered(tmp_path, monkeypatch, data.TASKS, "Toy",
-                    "from tf_harness.data.spec import DatasetSpec\nfrom tf_harness.data.task import Task\n\n" + task)
     if typed:
         monkeypatch.setitem(schema.OPTION_KEYS, "dataset.threshold", schema.number(0, 1))
     cfg = compose("dataset=imagenet_det")
     cfg.dataset.name, cfg.dataset.threshold = "toy", 0.5
     try:
+        _toy_registered(tmp_path, monkeypatch, data.TASKS, "Toy", TOY_TASK, inputs=inputs, options=("threshold",))
         found = schema.first_problem(cfg, {})
-    except LookupError as error:
+    except ValueError as error:
         found = str(error)
     assert fnmatch(found, problem + "*"), found
+
+
+def test_a_task_takes_its_options_and_pairs_from_its_line_in_tasks(monkeypatch):
+    """The line in TASKS is the one place a dataset's options and pairs are written: its Task class and its
+    DatasetSpec take them from there, and writing them again is refused, or must agree."""
+    from tf_harness.data.spec import DatasetSpec
+    from tf_harness.data.task import Task
+
+    monkeypatch.setitem(data.TASKS.entries, "toy", data.Dataset("toy_tasks:Toy", inputs="pair", options=("fold",)))
+    spec = DatasetSpec(name="toy", task="binary", class_names=("same",), channels=3)
+    assert spec.paired is True
+    assert DatasetSpec(name="toy", task="binary", class_names=("same",), channels=3, paired=True) == spec
+    toy = type("Toy", (Task,), {"__module__": "toy_tasks", "SPEC": spec})
+    assert toy.OPTIONS == ("fold",)
+    assert type("Unlisted", (Task,), {"__module__": "toy_tasks", "SPEC": spec}).OPTIONS == ()
+    with pytest.raises(TypeError, match=r"^toy_tasks:Toy writes OPTIONS; its line in TASKS \(data/__init__.py\) "
+                                        r"declares them$"):
+        type("Toy", (Task,), {"__module__": "toy_tasks", "SPEC": spec, "OPTIONS": ("fold",)})
+    with pytest.raises(ValueError, match=r"paired=False\) disagrees with its line in TASKS .*inputs='pair'"):
+        DatasetSpec(name="toy", task="binary", class_names=("same",), channels=3, paired=False)
+    with pytest.raises(ValueError, match=r"^DatasetSpec\(name='nowhere'\) has no line in TASKS"):
+        DatasetSpec(name="nowhere", task="binary", class_names=("same",), channels=3)
+    with pytest.raises(ValueError, match=r"^'toy_tasks\.Toy' is not a 'module:attribute' path$"):
+        data.Dataset("toy_tasks.Toy", inputs="single")
+    with pytest.raises(ValueError, match=r"^toy_tasks:Toy: options='fold' is not a tuple of key names"):
+        data.Dataset("toy_tasks:Toy", inputs="single", options="fold")
 
 
 def test_a_model_registered_only_in_builders_is_known_to_the_schema(tmp_path, monkeypatch):
@@ -320,15 +333,15 @@ def test_a_model_registered_only_in_builders_is_known_to_the_schema(tmp_path, mo
     cfg = compose("dataset=lfw_pairs")
     cfg.model = {"name": "toy", "inputs": "pair", "dropout": 0.5}
     assert schema.first_problem(cfg, {}).startswith("model.name=toy is not one of resnet_v2_50|")
-    source = 'raise ImportError("never run")\nINPUTS = "pair"\nOPTIONS = ("dropout",)\n\ndef build(*args):\n    pass\n'
-    _toy_registered(tmp_path, monkeypatch, BUILDERS, "build", source)
+    source = 'raise ImportError("never run")\n\ndef build(*args):\n    pass\n'
+    _toy_registered(tmp_path, monkeypatch, BUILDERS, "build", source, options=("dropout",))
     assert schema.problems(cfg, {}) == []
     cfg.model.inputs = "single"
     assert schema.first_problem(cfg, {}) == "model.inputs=single is not one of pair"
 
 
 def test_checking_good_configs_imports_no_tensorflow():
-    """The schema reads every Task and model family it checks against from source, never importing them."""
+    """The schema reads every Task and model family it checks against from their lines, never importing them."""
     code = ("import sys\n"
             "from tests.conftest import compose\n"
             "from tf_harness.experiments import schema\n"

@@ -4,6 +4,7 @@ traceback for a signal after its end."""
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -215,6 +216,20 @@ def test_a_quoted_run_directory_is_read_as_hydra_reads_it(tmp_path, quoted):
     escaped = [f"hydra.run.dir={tmp_path}/a\\ b/new"]
     assert reentry.run_dir_argument(escaped) == f"{tmp_path}/a b/new"
     assert reentry.existing_ancestor(escaped) == tmp_path / "a b"
+
+
+def test_a_refused_re_entry_names_every_key_that_may_change():
+    """ALLOWED, the words of a refused re-entry, is made from the lists that decide what may change."""
+    from tf_harness.experiments.run_dir import reentry
+
+    assert reentry._grouped(("mode", "trainer.a", "trainer.b", "dataset.root")) == "mode, trainer.a|b, dataset.root"
+    general, _, evaluation = reentry.ALLOWED.partition(f" and (for mode={'|'.join(reentry.EVALUATION_MODES)}) ")
+    assert evaluation, reentry.ALLOWED
+    for keys, text in ((reentry.RUN_CONTROL, general), (reentry.EVALUATION_KEYS, evaluation)):
+        for key in keys:
+            group, _, name = key.rpartition(".")
+            assert re.search(rf"(^|, ){re.escape(group + '.') if group else ''}([\w|]+\|)?{name}(\||,|$)", text), key
+    assert general.endswith(", strategy")
 
 
 def test_an_unreadable_hydra_yaml_composes_the_dataset_and_model_of_the_saved_config(tmp_path):

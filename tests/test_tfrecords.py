@@ -24,7 +24,7 @@ from tf_harness.data.tfrecords import layout, writer
 from tests.conftest import PROJECT, compose, convert_shards, make_input, read_shards, run_cli, tables_of, task_of
 
 SMALL = ("pipeline.image_size=32", "pipeline.batch_size=8")
-ENCODINGS = ("encoded", "raw")
+ENCODINGS = layout.ENCODINGS
 
 
 def _cfg(dataset, directory, encoding, *overrides):

@@ -50,18 +50,29 @@ log = logging.getLogger(__name__)
 
 SAVED = Path(".hydra") / "config.yaml"
 # Keys the command line may change on re-entry (docs/run-directory.md); `strategy` is the whole group.
-RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eval_steps", "trainer.checkpoint_every",
-               "trainer.log_every", "trainer.steps_per_loop", "trainer.fetch_ahead", "trainer.jit_compile",
-               "trainer.graph_optimizer", "trainer.profile_steps", "trainer.eval_timeout", "dataset.root",
+RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eval_steps", "trainer.eval_timeout",
+               "trainer.checkpoint_every", "trainer.log_every", "trainer.steps_per_loop", "trainer.fetch_ahead",
+               "trainer.jit_compile", "trainer.graph_optimizer", "trainer.profile_steps", "dataset.root",
                "pipeline.source", "pipeline.cache", "pipeline.service")
 # May change in these modes only: the checkpoint does not depend on them, but training's saved input
 # iterator depends on the batch size, and training holds the evaluation pairs' people out.
 EVALUATION_KEYS = ("pipeline.batch_size", "dataset.eval_pairs", "dataset.fold")
 EVALUATION_MODES = ("evaluate", "predict", "export")
-ALLOWED = ("mode, trainer.train_steps|eval_every|eval_steps|eval_timeout|checkpoint_every|log_every|steps_per_loop|"
-           "fetch_ahead|jit_compile|graph_optimizer|profile_steps, "
-           "dataset.root, pipeline.source|cache|service, strategy and (for mode=evaluate|predict|export) "
-           "pipeline.batch_size, dataset.eval_pairs|fold")
+
+
+def _grouped(keys) -> str:
+    """`keys` as an error line names them, each group once: ``mode, trainer.train_steps|eval_every``."""
+    groups = {}
+    for key in keys:
+        group, _, name = key.rpartition(".")
+        groups.setdefault(group, []).append(name)
+    return ", ".join(f"{group}.{'|'.join(names)}" if group else "|".join(names) for group, names in groups.items())
+
+
+# What a refused re-entry says may change, in words: the three lists above and the strategy group.
+ALLOWED = (f"{_grouped(RUN_CONTROL)}, strategy and (for mode={'|'.join(EVALUATION_MODES)}) "
+           f"{_grouped(EVALUATION_KEYS)}")
+
 _ABSENT = object()
 
 # The decision for each run directory, made once per process: Hydra reads hydra.output_subdir before it

@@ -104,8 +104,7 @@ class Settings:
         from tf_harness.data.images import Decode, image_size
 
         task_class = TASKS[self.dataset.name]
-        decode = Decode(image_size(list(self.pipeline.image_size) if isinstance(self.pipeline.image_size, tuple)
-                                   else self.pipeline.image_size), self.dataset.resize, self.dataset.crop_fraction)
+        decode = Decode(image_size(self.pipeline.image_size), self.dataset.resize, self.dataset.crop_fraction)
         return task_class(decode, self.seed, **{key: self.dataset[key] for key in task_class.OPTIONS})
 
     def tfrecords(self):

@@ -211,20 +211,22 @@ class Controller:
             self._train(iterator, manager, evaluate)
 
     def _train(self, iterator, manager, evaluate):
-        trainer, every = self.trainer, self.trainer_settings
+        trainer, trainer_settings = self.trainer, self.trainer_settings
         start = step = trainer.step
-        target = every.train_steps
+        target = trainer_settings.train_steps
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
-        profiler = review.Profiler(every.profile_steps if self.writes else None, self.model_dir / "train")
+        profiler = review.Profiler(trainer_settings.profile_steps if self.writes else None, self.model_dir / "train")
         # Loops end on every log, checkpoint and evaluation step, so these land as they would step by step.
-        intervals = [every.log_every, every.checkpoint_every] + ([every.eval_every] if evaluate else [])
+        intervals = [trainer_settings.log_every, trainer_settings.checkpoint_every]
+        intervals += [trainer_settings.eval_every] if evaluate else []
         window = []
         # The first batch trains alone, and TensorBoard shows it as the model sees it.
         first = self._first_batch(iterator, step) if step < target else None
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
         try:
-            if evaluate and 0 < step < target and step % every.eval_every == 0 and not self.run_dir.evaluated(step):
+            redo = 0 < step < target and step % trainer_settings.eval_every == 0 and not self.run_dir.evaluated(step)
+            if evaluate and redo:
                 log.info("Redoing the evaluation at global step %d, which was interrupted", step)
                 self.evaluate()
             while step < target:
@@ -237,7 +239,7 @@ class Controller:
                         loop = trainer.train_loop(first or iterator, 1 if first else length)
                     first = None
                     step = self._after_loop(loop, window, manager, progress)
-                if evaluate and step % every.eval_every == 0 and step < target:
+                if evaluate and step % trainer_settings.eval_every == 0 and step < target:
                     self.evaluate()
         except KeyboardInterrupt:
             # Nothing is lost on Ctrl-C or SIGTERM: a signal is handled between loops, and every batch a loop took
@@ -273,7 +275,7 @@ class Controller:
 
     def _after_loop(self, loop, window, manager, progress):
         """Logs, checks and saves what a train loop did; returns the global step it reached."""
-        every, step = self.trainer_settings, self.trainer.step
+        trainer_settings, step = self.trainer_settings, self.trainer.step
         if not self.clock.logged:
             self.clock.first_step(loop.steps)
             xla_cache.publish()  # the train step's compiled program is whole now: the next run may load it
@@ -282,9 +284,9 @@ class Controller:
         progress.update(loop.steps)
         progress.set_postfix(loss=f"{loop.loss:.4f}",
                              examples_per_sec=f"{self.pipeline.batch_size * loop.steps / loop.seconds:.0f}")
-        if step % every.log_every == 0 or step == every.train_steps:
+        if step % trainer_settings.log_every == 0 or step == trainer_settings.train_steps:
             self._log_train(window, step)
-        if step % every.checkpoint_every == 0 or step == every.train_steps:
+        if step % trainer_settings.checkpoint_every == 0 or step == trainer_settings.train_steps:
             self._save_finite(manager, step)
         return step
 

@@ -103,29 +103,35 @@ class Settings:
         from tf_harness.data import TASKS
         from tf_harness.data.images import Decode, image_size
 
-        task_class = TASKS[self.dataset.name]
-        decode = Decode(image_size(self.pipeline.image_size), self.dataset.resize, self.dataset.crop_fraction)
-        return task_class(decode, self.seed, **{key: self.dataset[key] for key in task_class.OPTIONS})
+        settings = self
+        task_class = TASKS[settings.dataset.name]
+        decode = Decode(image_size(settings.pipeline.image_size), settings.dataset.resize,
+                        settings.dataset.crop_fraction)
+        return task_class(decode, settings.seed, **{key: settings.dataset[key] for key in task_class.OPTIONS})
 
     def tfrecords(self):
         """Where TFRecord shards are written and read (tfrecord.*)."""
         from tf_harness.data.tfrecords.layout import TFRecordSettings
 
-        return TFRecordSettings(Path(self.tfrecord.dir).expanduser(), self.tfrecord.encoding,
-                                float(self.tfrecord.shard_mb), int(self.tfrecord.min_shards_per_worker),
-                                int(self.tfrecord.cycle_length), self.dataset.root)
+        settings = self
+        return TFRecordSettings(Path(settings.tfrecord.dir).expanduser(), settings.tfrecord.encoding,
+                                float(settings.tfrecord.shard_mb), int(settings.tfrecord.min_shards_per_worker),
+                                int(settings.tfrecord.cycle_length), settings.dataset.root)
 
     def input_pipeline(self):
         """What input_fn reads (pipeline.*, seed, deterministic)."""
         from tf_harness.data.input_fn import Pipeline
 
-        pipeline = self.pipeline
-        return Pipeline(int(pipeline.batch_size), pipeline.cache, pipeline.shuffle_buffer, float(pipeline.shuffle_mb),
-                        self.seed, self.deterministic, self.tfrecords() if pipeline.source == "tfrecord" else None,
-                        pipeline.service, float(pipeline.image_table_mb))
+        settings = self
+        return Pipeline(int(settings.pipeline.batch_size), settings.pipeline.cache, settings.pipeline.shuffle_buffer,
+                        float(settings.pipeline.shuffle_mb), settings.seed, settings.deterministic,
+                        self.tfrecords() if settings.pipeline.source == "tfrecord" else None,
+                        settings.pipeline.service, float(settings.pipeline.image_table_mb))
 
     def preprocessing(self):
         """The augmentation and normalisation of a batch (pipeline.augment, dataset.flip and normalize, seed)."""
         from tf_harness.data.preprocessing import Preprocessing
 
-        return Preprocessing(bool(self.pipeline.augment), bool(self.dataset.flip), self.dataset.normalize, self.seed)
+        settings = self
+        return Preprocessing(bool(settings.pipeline.augment), bool(settings.dataset.flip), settings.dataset.normalize,
+                             settings.seed)

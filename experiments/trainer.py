@@ -366,7 +366,7 @@ class Trainer:
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
 
-def _optimizer(trainer, global_step):
+def _optimizer(trainer_settings, global_step):
     """The optimizer the trainer settings name, its schedule evaluated at `global_step`.
 
     Keras would evaluate a schedule at `optimizer.iterations`, which counts applied updates only, so
@@ -376,11 +376,11 @@ def _optimizer(trainer, global_step):
     schedule's value at S. The constant default stays a plain float, so the optimizer keeps its
     `learning_rate` variable and checkpoints written before schedules existed still restore.
     """
-    rate = optimizers.schedule(trainer.schedule, trainer.learning_rate, trainer.train_steps,
-                               warmup_steps=trainer.warmup_steps, decay_steps=trainer.decay_steps,
-                               decay_rate=trainer.decay_rate)
-    return optimizers.optimizer(trainer.optimizer, rate, step=global_step, momentum=trainer.momentum,
-                                weight_decay=trainer.weight_decay)
+    rate = optimizers.schedule(trainer_settings.schedule, trainer_settings.learning_rate, trainer_settings.train_steps,
+                               warmup_steps=trainer_settings.warmup_steps, decay_steps=trainer_settings.decay_steps,
+                               decay_rate=trainer_settings.decay_rate)
+    return optimizers.optimizer(trainer_settings.optimizer, rate, step=global_step, momentum=trainer_settings.momentum,
+                                weight_decay=trainer_settings.weight_decay)
 
 
 class _CheckedEvalStep:

@@ -1,4 +1,4 @@
-"""Model builders by config name. A builder takes (model_cfg, spec, image_size) and
+"""Model builders by config name. A builder takes (model_settings, spec, image_size) and
 returns a keras.Model from float images to float32 logits, one per spec.class_names.
 
 `BUILDERS` is the one list of models, and each model family is declared here once: its builder, what it takes

@@ -29,15 +29,15 @@ _IMAGENET_FILES = {name: f"{name.replace('resnet_v2_', 'resnet')}v2_weights_tf_d
 _IMAGENET_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
 
 
-def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
+def build(model_settings, spec: DatasetSpec, image_size) -> keras.Model:
     """ResNet-v2 on `spec.channels`-channel images, with one logit per class.
 
     Inputs are expected in [-1, 1], as the keras.applications ResNet-v2 models are.
     """
     height, width = image_size
-    pretrained = model_cfg.get("pretrained")
+    pretrained = model_settings.get("pretrained")
     if pretrained is None:
-        backbone = _APPLICATIONS[model_cfg.name](
+        backbone = _APPLICATIONS[model_settings.name](
             include_top=False, weights=None, input_shape=(height, width, spec.channels), pooling="avg")
         images, features = backbone.input, backbone.output
     else:
@@ -45,7 +45,7 @@ def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
         if channels != spec.channels and (channels, spec.channels) != (3, 1):
             raise ConfigError(f"model.pretrained={pretrained} holds weights for {channels}-channel images and the "
                               f"dataset's have {spec.channels}")
-        backbone = _pretrained(model_cfg.name, pretrained, (height, width, channels))
+        backbone = _pretrained(model_settings.name, pretrained, (height, width, channels))
         images = keras.Input((height, width, spec.channels), name="image")
         # Grayscale to the three channels the weights expect, as an RGB copy of the image would give them.
         inputs = images if channels == spec.channels else keras.layers.Concatenate(name="gray_to_rgb")([images] * 3)
@@ -54,10 +54,10 @@ def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
     # several hundred steps to settle, and evaluation of a short run sees the initial ones.
     for layer in backbone.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
-            layer.momentum = model_cfg.batch_norm_momentum
+            layer.momentum = model_settings.batch_norm_momentum
     # float32 logits keep the loss stable under mixed precision.
     logits = keras.layers.Dense(spec.num_outputs, dtype="float32", name="logits")(features)
-    return keras.Model(images, logits, name=model_cfg.name)
+    return keras.Model(images, logits, name=model_settings.name)
 
 
 def weights_channels(path) -> int:

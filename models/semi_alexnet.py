@@ -28,18 +28,18 @@ INPUTS, OPTIONS = SEMI_ALEXNET.inputs, SEMI_ALEXNET.options
 _CONV_LAYERS = ((11, 4, True), (5, 1, True), (3, 1, False), (3, 1, False), (3, 1, True))
 
 
-def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
+def build(model_settings, spec: DatasetSpec, image_size) -> keras.Model:
     """Builds the semi-AlexNet for `spec.channels`-channel float images of `image_size` (height, width).
 
     Args:
-        model_cfg: ``filters`` (five conv widths), ``dense_units`` and ``dropout``.
+        model_settings: ``filters`` (five conv widths), ``dense_units`` and ``dropout``.
     """
     height, width = image_size
-    if len(model_cfg.filters) != len(_CONV_LAYERS):
-        raise ValueError(f"model.filters needs {len(_CONV_LAYERS)} widths, got {list(model_cfg.filters)}")
+    if len(model_settings.filters) != len(_CONV_LAYERS):
+        raise ValueError(f"model.filters needs {len(_CONV_LAYERS)} widths, got {list(model_settings.filters)}")
     images = keras.Input((height, width, spec.channels), name="image")
     x = images
-    for number, (filters, (kernel, stride, pool)) in enumerate(zip(model_cfg.filters, _CONV_LAYERS), start=1):
+    for number, (filters, (kernel, stride, pool)) in enumerate(zip(model_settings.filters, _CONV_LAYERS), start=1):
         # No bias: batch norm's offset takes its place.
         x = keras.layers.Conv2D(filters, kernel, strides=stride, padding="same", use_bias=False,
                                 name=f"conv{number}")(x)
@@ -51,8 +51,8 @@ def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
             x = keras.layers.MaxPooling2D(3, 2, padding="same", name=f"pool{number}")(x)
     x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
     for number in (6, 7):
-        x = keras.layers.Dense(model_cfg.dense_units, activation="relu", name=f"fc{number}")(x)
-        x = keras.layers.Dropout(model_cfg.dropout, name=f"fc{number}_dropout")(x)
+        x = keras.layers.Dense(model_settings.dense_units, activation="relu", name=f"fc{number}")(x)
+        x = keras.layers.Dropout(model_settings.dropout, name=f"fc{number}_dropout")(x)
     # float32 logits keep the softmax and loss stable under mixed precision.
     logits = keras.layers.Dense(spec.num_outputs, dtype="float32", name="logits")(x)
-    return keras.Model(images, logits, name=model_cfg.name)
+    return keras.Model(images, logits, name=model_settings.name)

@@ -31,16 +31,16 @@ def conv_stack(widths, name) -> keras.Sequential:
     return keras.Sequential(layers, name=name)
 
 
-def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
+def build(model_settings, spec: DatasetSpec, image_size) -> keras.Model:
     """A two-input model, (image_a, image_b) float images, returning one float32 logit per pair."""
-    merge = model_cfg.merge  # embedding or pixel_difference, as experiments/schema.py allows
+    merge = model_settings.merge  # embedding or pixel_difference, as experiments/schema.py allows
     height, width = image_size
     image_a = keras.Input((height, width, spec.channels), name="image_a")
     image_b = keras.Input((height, width, spec.channels), name="image_b")
-    widths = list(model_cfg.widths)
+    widths = list(model_settings.widths)
     if merge == "embedding":
         tower = conv_stack(widths, "tower")
-        embed = keras.layers.Dense(model_cfg.embedding_size, name="embedding")
+        embed = keras.layers.Dense(model_settings.embedding_size, name="embedding")
         # The same layer objects embed both images: that is the weight sharing.
         embedding_a, embedding_b = embed(tower(image_a)), embed(tower(image_b))
         features = keras.layers.Lambda(lambda e: keras.ops.abs(e[0] - e[1]), name="distance")(
@@ -48,7 +48,7 @@ def build(model_cfg, spec: DatasetSpec, image_size) -> keras.Model:
     else:
         difference = keras.layers.Lambda(lambda x: keras.ops.abs(x[0] - x[1]), name="difference")([image_a, image_b])
         features = conv_stack(widths, "difference_cnn")(difference)
-    hidden = keras.layers.Dense(model_cfg.head_units, activation="relu", name="head")(features)
+    hidden = keras.layers.Dense(model_settings.head_units, activation="relu", name="head")(features)
     # float32 logits keep the loss stable under mixed precision.
     logits = keras.layers.Dense(spec.num_outputs, dtype="float32", name="logits")(hidden)
     return keras.Model([image_a, image_b], logits, name=f"siamese_cnn_{merge}")

@@ -365,10 +365,10 @@ SOURCES = [PROJECT / "run.py", *[path for folder in ("data", "models", "experime
 
 
 def _read_in_code(key, sources):
-    # A heuristic: the key's last name read as an attribute of a config (cfg.pipeline.cache,
-    # model_cfg.widths) or named in quotes (cfg.dataset.get("fold"), cfg.tfrecord["shard_mb"]).
+    # A heuristic: the key's last name read as an attribute of the settings (settings.pipeline.cache,
+    # model_settings.widths, self.trainer_settings.log_every) or named in quotes (settings.dataset.get("fold")).
     name = re.escape(key.rpartition(".")[2])
-    return re.search(rf"cfg(\.\w+)*\.{name}\b|[\"']{name}[\"']", sources) is not None
+    return re.search(rf"(cfg|settings)(\.\w+)*\.{name}\b|[\"']{name}[\"']", sources) is not None
 
 
 def test_every_key_in_conf_is_read_by_some_code():

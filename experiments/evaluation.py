@@ -16,7 +16,7 @@ from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
 from tf_harness.experiments import metrics
 from tf_harness.experiments.run_dir import interrupts
-from tf_harness.experiments.summaries import write_metrics
+from tf_harness.experiments.summaries import evaluated_step, write_metrics
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +27,14 @@ class Evaluator:
     `input_fn(split, rows)` builds a split's evaluation pipeline; the validation one is built at the first
     evaluation, so a run that never evaluates never builds it. `note_unreadable()` lists in skipped.csv the
     files a pass found unreadable. `write` is false on every process but the one that writes the run's files.
+    `beside`: this is the sidecar evaluator, which never replaces a metrics.json of a later global step (the
+    trainer's own evaluation, say): metrics.json holds the newest evaluation of the run.
     """
 
     def __init__(self, task, trainer, tables, summaries, model_dir, *, batch_size, eval_steps, seed, input_fn,
-                 note_unreadable, write=True):
+                 note_unreadable, write=True, beside=False):
         self.task, self.spec, self.trainer, self.tables = task, task.SPEC, trainer, tables
-        self.summaries, self.model_dir, self.write = summaries, model_dir, write
+        self.summaries, self.model_dir, self.write, self.beside = summaries, model_dir, write, beside
         self.batch_size, self.eval_steps, self.seed = batch_size, eval_steps, seed
         self.input_fn, self.note_unreadable = input_fn, note_unreadable
         self.split = "validation"
@@ -87,7 +89,11 @@ class Evaluator:
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)
             self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
-            if self.write:
+            later = evaluated_step(self.model_dir) if self.beside else None
+            if self.write and later is not None and later > step:
+                log.info("metrics.json holds the evaluation of a later global step (%d) and is left as it is; this "
+                         "one is in validation/ and this log", later)
+            elif self.write:
                 write_metrics(self.model_dir, {**values, "global_step": step, "examples": count,
                                                "split_examples": len(table)})
         self.last_values = values

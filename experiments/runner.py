@@ -141,7 +141,7 @@ class Controller:
         self.evaluator = Evaluator(task, trainer, tables, summaries, self.model_dir,
                                    batch_size=settings.pipeline.batch_size, eval_steps=settings.trainer.eval_steps,
                                    seed=pipeline.seed, input_fn=self._eval_input, note_unreadable=self.note_unreadable,
-                                   write=run_dir.chief)
+                                   write=run_dir.chief, beside=sidecar.wanted(settings))
         self.note_unreadable()  # what an earlier life of this run found
 
     # Input ---------------------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ class Controller:
         iterator = iter(self._input_fn("train", training=True))
         save_input = self.run_dir.saves_input(self.settings, self.task, self.context)
         checkpoint = self.trainer.checkpoint(iterator if save_input else None)
-        latest = self.run_dir.latest()
+        latest = self.run_dir.latest(whole=True)
         warm_start.start(self.settings, self.trainer.model, latest)
         if latest:
             if self.run_dir.restore(latest, self.trainer, checkpoint, self.settings, save_input):

@@ -77,19 +77,45 @@ def evaluate_each(settings, checkpoint_dir, trainer, evaluator) -> None:
     log.info("%s", watch.run(lambda path, step: _evaluate(trainer, evaluator, path, step)))
 
 
+SUPERSEDED = "superseded"  # what `_evaluate` gives for a checkpoint the trainer removed before it was read
+
+
 def _evaluate(trainer, evaluator, path, step):
-    """Restores the checkpoint at `path` (global `step`) and evaluates it; None, or why it could not be restored."""
+    """Restores the checkpoint at `path` (global `step`) and evaluates it; None, SUPERSEDED when its files went
+    while it was read (the trainer's keep_checkpoints removed it), or why it could not be restored."""
     import tensorflow as tf
 
     try:
-        trainer.checkpoint().restore(str(path)).expect_partial()
-    except (tf.errors.OpError, ValueError) as error:  # deleted by the trainer's keep_checkpoints, say
+        with _quiet_tensorflow():  # a restore cut short by the trainer's delete is no news: said once, below
+            checkpoint = trainer.checkpoint()
+            checkpoint.restore(str(path)).expect_partial()
+    except (tf.errors.OpError, ValueError) as error:
+        if not Path(f"{path}.index").exists():
+            return SUPERSEDED
         return f"it could not be restored ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})"
+    finally:
+        with _quiet_tensorflow():
+            checkpoint = None  # a restore that failed part-way warns of its unrestored values as it goes
     if trainer.step != step:
         return f"it holds global step {trainer.step}, not {step}"
     log.info("Restored %s (global step %d)", path, step)
     evaluator.evaluate()
     return None
+
+
+class _quiet_tensorflow:
+    """TensorFlow's Python warnings held back inside the block."""
+
+    def __enter__(self):
+        self.logger = logging.getLogger("tensorflow")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        import gc
+        gc.collect()
+        self.logger.setLevel(self.level)
+        return False
 
 
 class Watch:
@@ -118,6 +144,10 @@ class Watch:
                     self.last, since = step, self.clock()
                     if step >= self.final_step:
                         return f"Evaluated the final step {step} (trainer.train_steps={self.final_step}); stopping"
+                elif failed == SUPERSEDED:
+                    log.info("Passing over %s: the trainer removed it (trainer.keep_checkpoints) while it was read",
+                             path)
+                    self._verdicts[step] = (_files(path), failed)
                 else:
                     self._refuse(step, path, failed)
                 continue
@@ -162,7 +192,7 @@ class Watch:
     def _timed_out(self) -> str:
         last = "none yet" if self.last is None else f"global step {self.last}"
         pending = [f"ckpt-{step}: {reason}" for step, (_, reason) in sorted(self._verdicts.items())
-                   if reason is not None and (self.last is None or step > self.last)]
+                   if reason not in (None, SUPERSEDED) and (self.last is None or step > self.last)]
         return (f"No new checkpoint to evaluate in {self.checkpoint_dir} for {self.timeout:g} s "
                 f"(trainer.eval_timeout); evaluated last: {last} of trainer.train_steps={self.final_step}"
                 f"{' (not evaluable: ' + '; '.join(pending) + ')' if pending else ''}; stopping")

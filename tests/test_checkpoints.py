@@ -52,6 +52,35 @@ def test_a_missing_or_truncated_checkpoint_is_skipped_and_none_restorable_is_an_
     assert f"{tmp_path / 'checkpoint'} named ckpt-1, which is not there; found ckpt-2 from their files" in caplog.text
 
 
+def test_a_damaged_input_iterator_state_is_skipped_by_training_and_read_by_evaluation(tmp_path, caplog):
+    """A checkpoint whose iterator state no longer reads back (bytes written over on disk): a training run resumes
+    from the checkpoint before it, and refuses in one line to train over it; evaluation, which restores no
+    iterator, still reads it."""
+    weights = tf.Variable(tf.zeros([4]))
+    iterator = iter(tf.data.Dataset.range(1000).shuffle(100, seed=1).batch(4))
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=weights, input_iterator=iterator),
+                                         str(tmp_path), max_to_keep=5)
+    first = _save(manager, weights, tf.ones([4]), 2)
+    next(iterator)
+    second = _save(manager, weights, tf.ones([4]) * 2, 4)
+    data = next(tmp_path.glob("ckpt-4.data-*"))
+    content = bytearray(data.read_bytes())
+    weights_bytes = np.full([4], 2.0, np.float32).tobytes()
+    assert content.count(weights_bytes) == 1 and len(content) > 1000  # the iterator's state is the rest
+    at = len(content) // 2 if content.find(weights_bytes) not in range(len(content) // 2 - 16, len(content) // 2 + 1) \
+        else len(content) // 4
+    content[at] ^= 0xFF  # one byte of the iterator's state, on disk
+    data.write_bytes(bytes(content))
+    assert checkpoints.problem(second) is None  # its weights read back whole: evaluation may use it
+    assert checkpoints.problem(second, whole=True).startswith("it cannot be read (")
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.run_dir.checkpoints"):
+        assert checkpoints.newest_finite(tmp_path, whole=True) == first
+    assert f"Not restoring {second}: it cannot be read" in caplog.text
+    checkpoints.check_before_start(tmp_path, "evaluate", 4)
+    with pytest.raises(checkpoints.CheckpointAheadError, match=r"ckpt-4 is ahead of global step 2"):
+        checkpoints.check_before_start(tmp_path, "train", 6)
+
+
 def _three(folder, keep=5):
     """ckpt-2, ckpt-4 and ckpt-6 in `folder`, saved by TensorFlow's own manager: each holds its step and a weight
     vector filled with it."""

@@ -75,6 +75,43 @@ def test_the_newest_checkpoint_is_evaluated_and_the_ones_it_supersedes_passed_ov
     assert "Passing over ckpt-8, superseded by ckpt-10" in caplog.text
 
 
+def test_a_checkpoint_the_trainer_removes_while_it_is_read_is_passed_over_once_and_quietly(tmp_path, caplog):
+    """A trainer that keeps one checkpoint deletes each one as it saves the next, often while the sidecar restores
+    it: one info line per such checkpoint, no warning, and neither TensorFlow's warnings nor a timeout naming it."""
+    import tensorflow as tf
+
+    folder = tmp_path / "checkpoints"
+    save(folder, 2)
+
+    class Trainer:
+        """Restores like the trainer, but the trainer's keep_checkpoints deletes ckpt-2 as the restore reads it."""
+        step = 4
+
+        def checkpoint(self):
+            checkpoint = tf.train.Checkpoint(step=tf.Variable(0, dtype=tf.int64), w=tf.Variable([0.0, 0.0]))
+            restore = checkpoint.restore
+
+            def restore_while_deleted(path):
+                for file in folder.glob("ckpt-2.*"):
+                    file.unlink()
+                save(folder, 4)
+                return restore(path)
+
+            checkpoint.restore = restore_while_deleted
+            return checkpoint
+
+    evaluated = []
+    watcher = sidecar.Watch(folder, 4, 10, poll=1.0, clock=Clock(), sleep=lambda seconds: None)
+    with caplog.at_level(logging.INFO):
+        reason = watcher.run(lambda path, step: sidecar._evaluate(Trainer(), type("Evaluator", (), {
+            "evaluate": lambda self: evaluated.append(step)})(), path, step))
+    assert reason == "Evaluated the final step 4 (trainer.train_steps=4); stopping" and evaluated == [4]
+    passed = [r.getMessage() for r in caplog.records if "Passing over" in r.getMessage()]
+    assert passed == [f"Passing over {folder / 'ckpt-2'}: the trainer removed it (trainer.keep_checkpoints) while it "
+                      f"was read"], passed
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
 def test_a_checkpoint_being_written_waits_for_its_files_and_a_non_finite_one_is_never_evaluated(tmp_path, caplog):
     folder = tmp_path / "checkpoints"
     save(folder, 2)

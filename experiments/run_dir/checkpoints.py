@@ -88,15 +88,22 @@ def missing_files(path) -> str | None:
     return None
 
 
-def problem(path) -> str | None:
+def problem(path, whole=False) -> str | None:
     """Why the checkpoint at `path` (a prefix such as `.../ckpt-6`) may not be restored, or None when it may:
-    a missing or unreadable file, or the names of the tensors that hold NaN or infinite values."""
+    a missing or unreadable file, or the names of the tensors that hold NaN or infinite values. Its float
+    tensors are read, which is what evaluation restores; with `whole`, every tensor, the input iterator's state
+    included, which is what a training run restores."""
     missing = missing_files(path)
     if missing:
         return missing
     try:
         reader = tf.train.load_checkpoint(str(path))
-        nonfinite = [name for name, dtype in sorted(reader.get_variable_to_dtype_map().items())
+        dtypes = sorted(reader.get_variable_to_dtype_map().items())
+        others = [(name, dtype) for name, dtype in dtypes if not dtype.is_floating]
+        if whole and others:  # read as a restore reads them (an iterator's state is a variant, which numpy can't hold)
+            tf.raw_ops.RestoreV2(prefix=str(path), tensor_names=[name for name, _ in others],
+                                 shape_and_slices=[""] * len(others), dtypes=[dtype for _, dtype in others])
+        nonfinite = [name for name, dtype in dtypes
                      if dtype.is_floating and not np.isfinite(reader.get_tensor(name)).all()]
     except Exception as error:  # noqa: BLE001  the reader raises OpError, IndexError (a cut file), ValueError...
         return f"it cannot be read ({type(error).__name__}: {str(error).splitlines()[0]})"
@@ -140,10 +147,10 @@ def state_problem(checkpoint_dir, found=None) -> str | None:
     return None
 
 
-def newest_finite(checkpoint_dir) -> str | None:
+def newest_finite(checkpoint_dir, whole=False) -> str | None:
     """The newest checkpoint in `checkpoint_dir` (the highest N of its `ckpt-N.index` files) that may be
-    restored; each newer one skipped is logged with its reason, and what the state file got wrong, if anything,
-    in one line. None when there is no checkpoint.
+    restored (`problem`; `whole` for a training run); each newer one skipped is logged with its reason, and what
+    the state file got wrong, if anything, in one line. None when there is no checkpoint.
 
     Raises UnrestorableError when there are checkpoints but none may be restored: starting afresh would
     overwrite them, so the user decides.
@@ -156,7 +163,7 @@ def newest_finite(checkpoint_dir) -> str | None:
         log.warning("%s %s; found %s from their files", Path(checkpoint_dir) / STATE, trouble, newest)
     reasons = []
     for path in reversed(found.values()):
-        reason = problem(path)
+        reason = problem(path, whole)
         if reason is None:
             return str(path)
         log.warning("Not restoring %s: %s; trying the checkpoint before it", path, reason)
@@ -289,8 +296,8 @@ def _first_line(error) -> str:
 
 def check_before_start(checkpoint_dir, mode, train_steps, recorded_run=True) -> None:
     """Before a run writes anything in its directory, what its checkpoints allow. Raises UnrestorableError when
-    the folder holds checkpoints but none may be restored, and, for a training mode, CheckpointAheadError when training on from the one that is restored to
-    `train_steps` would overwrite a checkpoint file already there: a newer checkpoint that cannot be restored, or
+    the folder holds checkpoints but none may be restored, and, for a training mode, CheckpointAheadError
+    when training on from the one that is restored to `train_steps` would overwrite a checkpoint file already there: a newer checkpoint that cannot be restored, or
     the files of one whose index is gone. Why a newer checkpoint is skipped is logged with a refusal (the restore
     logs it otherwise). A `recorded_run` with no checkpoint to train on from is logged too: it starts at step 0."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -299,8 +306,9 @@ def check_before_start(checkpoint_dir, mode, train_steps, recorded_run=True) -> 
     logger.addHandler(reasons)
     propagate, logger.propagate = logger.propagate, False
     try:
-        latest = newest_finite(checkpoint_dir)
-        if mode not in ("train", "train_and_evaluate"):
+        training = mode in ("train", "train_and_evaluate")
+        latest = newest_finite(checkpoint_dir, whole=training)
+        if not training:
             return
         step = int(latest.rpartition("-")[2]) if latest else 0
         refuse_ahead(checkpoint_dir, step, train_steps)

@@ -52,10 +52,11 @@ class RunDirectory:
         self.chief = worker is None
         self.save_dir = self.checkpoint_dir if self.chief else self.model_dir / f".worker-{worker}-checkpoints"
 
-    def latest(self):
+    def latest(self, whole=False):
         """The newest checkpoint in the run directory (the chief's, for every worker) whose files are all there
-        and whose tensors are all finite, found from its files; None when none."""
-        return checkpoints.newest_finite(self.checkpoint_dir)
+        and whose tensors are all finite, found from its files; None when none. `whole`: every tensor reads back,
+        the input iterator's included, as a training run restores them all."""
+        return checkpoints.newest_finite(self.checkpoint_dir, whole)
 
     def last_checkpoint_text(self) -> str:
         """Where a stopped run can be resumed from, for its error line."""

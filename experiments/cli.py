@@ -119,6 +119,17 @@ def note_status(status) -> None:
     _status = max(_status, status)
 
 
+# What prints the report of the sweep under way (experiments/sweep_report.py), given the interrupt's line or None.
+_sweep_report = None
+
+
+def sweep_running(report) -> None:
+    """Notes the report of the sweep that has started (None: it ended), which exit_code prints if a signal or an
+    error stops the sweep before its end: Hydra reports only a sweep that reaches it."""
+    global _sweep_report
+    _sweep_report = report
+
+
 def _closing(status, outcome) -> str:
     """run.log's last line: how the run ended and its exit status."""
     return f"run {outcome}, exit status {status}"
@@ -194,6 +205,7 @@ def guarded(task, cfg, problem) -> Outcome:
 def exit_code(main) -> int:
     """Runs `main`, which starts Hydra (it reads sys.argv), and returns the documented exit status."""
     global _existing_run_dir
+    stopped_by = None  # the interrupt's line, for the report of a sweep it stopped
     interrupts.install()  # from here on, a signal at any instant exits 130/143 (the runner saves first)
     _existing_run_dir = reentry.existing_ancestor(sys.argv[1:])
     try:
@@ -210,6 +222,7 @@ def exit_code(main) -> int:
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as tf_harness.experiments.run_dir.interrupts.Interrupted
         interrupts.finished()  # a second Ctrl-C does not cut this short
         status = interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
+        stopped_by = f"interrupted{f' by {error}' if str(error) else ''}"
         print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)
         _to_run_log(f"interrupted{f' by {error}' if str(error) else ''}",
                     _closing(status, f"interrupted{f' by {error}' if str(error) else ''}"))
@@ -224,4 +237,6 @@ def exit_code(main) -> int:
         raise
     finally:
         interrupts.exiting()  # from here to the process's exit a signal changes nothing and prints nothing
+        if _sweep_report is not None:  # a sweep stopped before its end: the jobs that ran, and those it stopped
+            _sweep_report(stopped_by)
     return _status

@@ -6,13 +6,20 @@ A job's outcome is what run.py's job function returns (experiments/cli.py's Outc
 metric, with the exit status and error line). Launchers such as joblib or submitit run jobs in other processes, so
 each job writes its outcome into its own run directory (on_job_end runs in the job's process), and the launching
 process reads them all back when the sweep ends (on_multirun_end). Nothing here imports TensorFlow (a job that
-reported a metric has, and only then is its task looked up).
+reported a metric, or succeeded in a mode that evaluates, has, and only then is its task looked up).
 
 Hydra tells the callbacks neither how many jobs a sweep has nor which, so the sweep's own are the outcomes written
 while it ran: those there when it started (a stale folder of an earlier sweep into the same directory) are left
 out unless a job of this sweep writes them again. An outcome that cannot be read counts as a failure, and so does
 a folder a job ran in during the sweep (it saved its config there) that holds no outcome of its own (its job could
 not write it), so neither can turn a failed sweep into a success.
+
+A job reports its run's metric even where it did not evaluate in this process (a re-entered run with nothing left
+to train, a sidecar that found every checkpoint evaluated): the one its run's last evaluation wrote to metrics.json.
+A job without a metric hands a sweeper that optimises (hydra.sweeper.direction, such as Optuna's) the worst value
+for its direction rather than NaN, which Optuna's sweeper cannot take: the study goes on and never picks it. A
+sweep that a signal or an error stops before its end still prints its report (experiments/cli.py's exit_code),
+each job it stopped named as such.
 """
 import json
 import logging
@@ -21,9 +28,11 @@ import os
 import sys
 from pathlib import Path
 
+import yaml
 from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+from omegaconf import OmegaConf
 
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments import hparams
@@ -33,6 +42,8 @@ OUTCOME = "job_outcome.json"
 # What a job_outcome.json holds: key -> the types its value may have.
 FIELDS = {"status": (int,), "error": (str, type(None)), "job": (int,), "overrides": (list,), "run_dir": (str,),
           "metric": (str, type(None)), "value": (int, float, type(None))}
+# The modes whose job reports the headline metric of its run's last evaluation.
+EVALUATING = ("train_and_evaluate", "evaluate", "continuous_eval")
 
 
 def outcome_of(job_return) -> dict:
@@ -51,11 +62,41 @@ def outcome_of(job_return) -> dict:
 def headline_of(config, value):
     """The name of the job's headline metric (experiments/metrics.py), None when it reported none. A job that
     reported one has imported TensorFlow and its Task already."""
-    if value is None:
-        return None
+    return None if value is None else _headline(config)
+
+
+def _headline(config):
     from tf_harness.data import TASKS
     from tf_harness.experiments import metrics
     return metrics.headline(TASKS[config.dataset.name].SPEC.task)
+
+
+def with_recorded_metric(config, run_dir: Path, outcome) -> dict:
+    """`outcome`, its value the headline metric in the run's metrics.json where the job succeeded in a mode that
+    evaluates without returning one: its run's last evaluation was done before it (a re-entry with nothing left to
+    train resumes past it, a sidecar finds every checkpoint evaluated), so the job reports that evaluation's."""
+    if outcome["value"] is not None or outcome["status"] or config.get("mode") not in EVALUATING:
+        return outcome
+    try:
+        values = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):  # none, or damaged: the job reports no metric
+        return outcome
+    value = values.get(_headline(config)) if isinstance(values, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return outcome
+    return {**outcome, "value": float(value)}
+
+
+def for_the_sweeper(config, outcome):
+    """The job's return value for the sweeper (cli.Outcome): its metric; without one, NaN, or the worst value for
+    the sweeper's direction where it optimises one (Optuna's sweeper cannot take NaN: the sweep would stop with a
+    traceback)."""
+    from tf_harness.experiments.cli import Outcome
+    value, direction = outcome["value"], OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    direction = getattr(direction, "name", direction)  # a plugin's Direction enum, or its name
+    if value is None and direction in ("maximize", "minimize"):
+        value = -math.inf if direction == "maximize" else math.inf
+    return Outcome(value, outcome["status"], outcome["error"], outcome["ran"])
 
 
 def _chief() -> bool:
@@ -71,9 +112,12 @@ def _chief() -> bool:
 def summary_line(outcomes, sweep_dir) -> str:
     """`N jobs ran, F failed; best <metric> <value> in job <n> (<overrides>): <run directory>`, one `best` per
     headline metric (a sweep over datasets has several), among the jobs that succeeded; the overrides are those
-    that tell the jobs apart. Without a metric: `...; no job reported a validation metric: <sweep directory>`."""
-    failed = sum(1 for o in outcomes if o["status"])
+    that tell the jobs apart. Without a metric: `...; no job reported a validation metric: <sweep directory>`.
+    A sweep stopped by a signal counts the jobs it stopped after the failed ones: `F failed, I interrupted`."""
+    failed = sum(1 for o in outcomes if o["status"] and not o.get("interrupted"))
+    stopped = sum(1 for o in outcomes if o.get("interrupted"))
     head = f"{len(outcomes)} job{'' if len(outcomes) == 1 else 's'} ran, {failed} failed"
+    head += f", {stopped} interrupted" if stopped else ""
     best = {}
     for o in outcomes:
         if o["status"] == 0 and o.get("metric") and o.get("value") is not None:
@@ -90,6 +134,17 @@ def summary_line(outcomes, sweep_dir) -> str:
 
     return f"{head}; " + "; ".join(f"best {metric} {o['value']:.4f} in job {o['job']}{told_apart(o)}: {o['run_dir']}"
                                    for metric, o in best.items())
+
+
+def report_lines(outcomes, sweep_dir) -> list:
+    """The sweep's report: each failed job, then each job a signal stopped, then the summary line."""
+    lines = []
+    for what, jobs in (("failed", [o for o in outcomes if o["status"] and not o.get("interrupted")]),
+                       ("were interrupted", [o for o in outcomes if o.get("interrupted")])):
+        if jobs:
+            lines.append(f"{len(jobs)} of {len(outcomes)} jobs {what}:")
+            lines += [f"  {job_name(o)} in {o['run_dir']}: {o['error']}" for o in jobs]
+    return lines + [summary_line(outcomes, sweep_dir)]
 
 
 class SweepReport(Callback):
@@ -122,6 +177,9 @@ class SweepReport(Callback):
                 log.warning("could not record the job's status for TensorBoard in %s: %s", run_dir, error)
         if config.hydra.mode != RunMode.MULTIRUN:
             return
+        outcome = with_recorded_metric(config, run_dir, outcome)
+        if job_return.status != JobStatus.FAILED:
+            job_return.return_value = for_the_sweeper(config, outcome)
         record = {"status": outcome["status"], "error": outcome["error"], "job": int(config.hydra.job.num),
                   "overrides": list(config.hydra.overrides.task), "run_dir": str(run_dir),
                   "metric": headline_of(config, outcome["value"]), "value": outcome["value"]}
@@ -131,22 +189,39 @@ class SweepReport(Callback):
             log.warning("could not write the job's outcome to %s: %s", run_dir / OUTCOME, error)
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        self._before = outcome_files(Path(os.path.abspath(config.hydra.sweep.dir)))
+        from tf_harness.experiments import cli
+        self._before = outcome_files(sweep_dir_of(config))
+        # Hydra calls on_multirun_end only for a sweep that reaches its end; exit_code reports one stopped before.
+        cli.sweep_running(lambda interrupt: self.on_multirun_stopped(config, interrupt))
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(os.path.abspath(config.hydra.sweep.dir))
-        outcomes = sorted(sweep_outcomes(sweep_dir, self._before),
-                          key=lambda o: (o["job"] is None, o["job"] or 0, o["run_dir"]))
+        from tf_harness.experiments import cli
+        cli.sweep_running(None)
+        outcomes = self.outcomes(config)
+        print("\n".join(report_lines(outcomes, sweep_dir_of(config))), file=sys.stderr)
         failed = [o for o in outcomes if o["status"]]
-        lines = []
         if failed:
-            lines.append(f"{len(failed)} of {len(outcomes)} jobs failed:")
-            lines += [f"  {job_name(o)} in {o['run_dir']}: {o['error']}" for o in failed]
-        lines.append(summary_line(outcomes, sweep_dir))
-        print("\n".join(lines), file=sys.stderr)
-        if failed:
-            from tf_harness.experiments import cli
             cli.note_status(max(o["status"] for o in failed))
+
+    def on_multirun_stopped(self, config, interrupt) -> None:
+        """The sweep stopped before its end: `interrupt`, the line of the signal that stopped it, or None for an
+        error (whose own line and exit status stand). Reports the jobs that ran, if any did."""
+        from tf_harness.experiments import cli
+        cli.sweep_running(None)
+        outcomes = self.outcomes(config, interrupt)
+        if outcomes:
+            print("\n".join(report_lines(outcomes, sweep_dir_of(config))), file=sys.stderr)
+
+    def outcomes(self, config, interrupt=None) -> list:
+        """The outcomes of the sweep's jobs, in job order. `interrupt`: the line of the signal that stopped the
+        sweep ('interrupted by SIGINT'), which stopped each job that ran without writing its outcome."""
+        return sorted(sweep_outcomes(sweep_dir_of(config), self._before, interrupt),
+                      key=lambda o: (o["job"] is None, o["job"] or 0, o["run_dir"]))
+
+
+def sweep_dir_of(config) -> Path:
+    """The sweep's directory (hydra.sweep.dir), absolute."""
+    return Path(os.path.abspath(config.hydra.sweep.dir))
 
 
 def write_outcome(path: Path, record) -> None:
@@ -182,16 +257,18 @@ def _config_record(folder: Path):
         return None
 
 
-def sweep_outcomes(sweep_dir: Path, before) -> list:
+def sweep_outcomes(sweep_dir: Path, before, interrupt=None) -> list:
     """The outcomes of the sweep's jobs: each folder's job_outcome.json written since `before` (outcome_files at the
     sweep's start; None: every one), read or reported unreadable; a folder a job ran in since then without writing
-    its own, failed."""
+    its own, failed, or, given the line of the signal that stopped the sweep (`interrupt`), interrupted."""
     outcomes, earlier = [], before or {}
     for folder, now in outcome_files(sweep_dir).items():
         written = now[0]
         if earlier.get(folder) == now:
             continue  # an earlier sweep's, or a folder none of this sweep's jobs ran in
-        if before is not None and written is None:  # a job ran here, but its outcome could not be written
+        if interrupt and (written is None or written == earlier.get(folder, (None,))[0]):
+            outcomes.append(interrupted_outcome(folder, interrupt))
+        elif before is not None and written is None:  # a job ran here, but its outcome could not be written
             outcomes.append(unknown_outcome(folder, f"no {OUTCOME}: the job could not write it"))
         elif folder in earlier and written == earlier[folder][0]:  # it ran where an earlier sweep's job had
             outcomes.append(unknown_outcome(folder, f"the {OUTCOME} there is an earlier job's: this job could not "
@@ -222,8 +299,25 @@ def read_outcome(path: Path) -> dict:
 def unknown_outcome(folder: Path, why) -> dict:
     """A failed outcome for the job in `folder` whose outcome is unknown: `why`."""
     return {"status": 1, "error": f"error: the job's outcome is unknown: {why}",
-            "job": int(folder.name) if folder.name.isdigit() else None, "overrides": None, "run_dir": str(folder),
-            "metric": None, "value": None}
+            "job": int(folder.name) if folder.name.isdigit() else None, "overrides": saved_overrides(folder),
+            "run_dir": str(folder), "metric": None, "value": None}
+
+
+def interrupted_outcome(folder: Path, interrupt) -> dict:
+    """The outcome of the job in `folder` that the signal `interrupt` ('interrupted by SIGINT') stopped: neither a
+    success nor a failure."""
+    return {**unknown_outcome(folder, interrupt), "error": interrupt, "interrupted": True}
+
+
+def saved_overrides(folder: Path):
+    """The command line overrides the last job run in `folder` saved with its config (.hydra/overrides.yaml, or its
+    re-entry's under .hydra/reentry-<time>/), None where there are none or they cannot be read."""
+    saved = sorted((folder / ".hydra").glob("reentry-*/overrides.yaml")) or [folder / ".hydra" / "overrides.yaml"]
+    try:
+        overrides = yaml.safe_load(saved[-1].read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return overrides if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides) else None
 
 
 def job_name(outcome) -> str:

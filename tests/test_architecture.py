@@ -102,6 +102,36 @@ runpy.run_path(os.path.join(project, "run.py"), run_name="__main__")
 """
 
 
+def project_file(path, project=PROJECT) -> bool:
+    """Whether `path` (relative to `project`, as the trace writes the files on the stack) is one of the project's
+    own files: a file inside the project folder, and inside no virtual environment (a folder holding pyvenv.cfg,
+    whatever its name) or installed packages there, wherever the interpreter's environment lives."""
+    project = Path(os.path.abspath(project))
+    full = Path(os.path.abspath(project / path))
+    if not full.is_file() or not full.is_relative_to(project):  # "<frozen runpy>", "../venv/...", the stdlib
+        return False
+    parts = full.relative_to(project).parts
+    folders = [project.joinpath(*parts[:end]) for end in range(1, len(parts))]
+    return not any(folder.name in ("site-packages", "dist-packages") or (folder / "pyvenv.cfg").is_file()
+                   for folder in folders)
+
+
+def test_a_project_file_is_one_inside_the_project_and_outside_any_environment(tmp_path):
+    """The path test counted the files of a virtual environment beside the clone (../venv/...) as the project's."""
+    project = tmp_path / "clone"
+    files = ["run.py", "experiments/cli.py", ".venv/lib/python3.11/site-packages/hydra/main.py",
+             "env/lib/python3.11/site-packages/hydra/main.py", "env/bin/tool.py", "vendor/site-packages/hydra/main.py",
+             "../venv/lib/python3.11/site-packages/hydra/main.py", "../elsewhere.py"]
+    for name in files:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("")
+    for environment in (".venv", "env"):
+        (project / environment / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    assert [name for name in files if project_file(name, project)] == ["run.py", "experiments/cli.py"]
+    assert not project_file("<frozen runpy>", project) and not project_file("experiments/missing.py", project)
+    assert not project_file(str(tmp_path / "venv/lib/python3.11/site-packages/hydra/main.py"), project)
+
+
 def test_the_documented_path_to_the_first_step_is_the_one_a_run_takes(tmp_path):
     """docs/architecture.md lists the files from `python run.py dataset=chest_xray` to the first step; a real
     run enters each one from the one before it."""
@@ -126,6 +156,6 @@ def test_the_documented_path_to_the_first_step_is_the_one_a_run_takes(tmp_path):
         assert nearest == caller, f"{entered}'s {function} was called from {nearest}, not {caller}"
     # At the first step, no file outside the path stands between the command and it, but wrappers a reader need
     # not open: cli.py's config check and exit status, progress.py's log lines above the bar.
-    project_files = {path for path in callers["experiments/trainer.py"] if not path.startswith((".venv", "<"))}
+    project_files = {path for path in callers["experiments/trainer.py"] if project_file(path)}
     assert project_files <= {"run.py", "experiments/cli.py", "experiments/runner.py", "experiments/progress.py"}, \
         project_files

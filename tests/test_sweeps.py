@@ -335,3 +335,233 @@ def test_a_sweep_into_a_directory_of_an_earlier_sweep_reports_its_own_jobs_alone
     assert "Traceback" not in result.stderr and "raised" not in result.stderr
     assert "2 of 2 jobs failed:" in result.stderr
     assert last_line(result.stderr) == f"2 jobs ran, 2 failed; no job reported a validation metric: {tmp_path}"
+
+
+# Re-running a sweep into its folder, and stopping one: each job reported truthfully -----------------------------
+
+def finished_run(run_dir, accuracy):
+    """A run directory whose training and last evaluation are done, as a job of an earlier sweep left it."""
+    from tf_harness.experiments.sweep_report import OUTCOME
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(f"- seed={int(run_dir.name) + 1}\n")
+    (run_dir / "metrics.json").write_text(json.dumps({"accuracy": accuracy, "loss": 0.7, "global_step": 4}))
+    (run_dir / OUTCOME).write_text(json.dumps(outcome(int(run_dir.name), value=accuracy, overrides=(
+        f"seed={int(run_dir.name) + 1}",), sweep=str(run_dir.parent))))
+    return run_dir
+
+
+def test_a_job_re_entering_a_finished_run_reports_the_metric_its_last_evaluation_recorded(tmp_path, capsys):
+    """Re-running a finished sweep into its folder reported no metric for its jobs, which had nothing left to train
+    and so evaluated nothing: `no job reported a validation metric`, or the best named among the jobs that trained."""
+    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    for job, accuracy in (("0", 0.5), ("1", 0.875)):
+        finished_run(tmp_path / job, accuracy)
+    report_at_end = started_sweep(tmp_path)
+    returns = {}
+    for job in (0, 1):  # the sweep again: each job resumes past its last evaluation and returns no metric
+        (tmp_path / str(job) / ".hydra" / "reentry-1").mkdir()
+        returns[job] = job_return(None)
+        end_job(SweepReport(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), returns[job])
+    assert report_at_end(capsys) == [f"2 jobs ran, 0 failed; best accuracy 0.8750 in job 1 (seed=2): {tmp_path / '1'}"]
+    assert float(returns[1].return_value) == 0.875  # what a sweeper such as Optuna maximises
+    assert json.loads((tmp_path / "1" / OUTCOME).read_text())["metric"] == "accuracy"
+
+
+@pytest.mark.parametrize("mode, ret, metrics_json", [
+    ("train", lambda: job_return(None), '{"accuracy": 0.9, "global_step": 4}'),
+    ("train_and_evaluate", lambda: job_return(None, 1, "error: no checkpoint"), '{"accuracy": 0.9, "global_step": 4}'),
+    ("train_and_evaluate", lambda: job_return(None), '{"accuracy": 0.9, "glo'),
+    ("train_and_evaluate", lambda: job_return(None), '{"accuracy": NaN, "global_step": 4}'),
+    ("train_and_evaluate", lambda: job_return(None), '{"loss": 0.7, "global_step": 4}')],
+    ids=["a mode that does not evaluate", "failed", "metrics.json cut short", "NaN", "no headline metric"])
+def test_a_job_reports_no_recorded_metric_that_is_not_its_runs_evaluation(tmp_path, mode, ret, metrics_json):
+    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    run_dir = tmp_path / "0"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text(metrics_json)
+    end_job(SweepReport(), job_config(run_dir, mode=mode), ret())
+    written = json.loads((run_dir / OUTCOME).read_text())
+    assert (written["metric"], written["value"]) == (None, None)
+
+
+def optuna_job_config(run_dir, num, overrides, direction):
+    config = job_config(run_dir, num, overrides)
+    OmegaConf.update(config, "hydra.sweeper.direction", direction, force_add=True)
+    return config
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_optunas_sweeper_takes_a_job_without_a_metric_as_its_worst_trial_and_goes_on(tmp_path, direction):
+    """An Optuna sweep stopped with a traceback at the first job that returned no metric (NaN): a failed job, or
+    a re-entered finished one. Runs the plugin's own sweep loop over jobs that end through the report."""
+    import yaml
+    from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
+    from optuna.samplers import TPESampler
+    from tf_harness.experiments.sweep_report import SweepReport
+
+    class Launcher:
+        """Runs each trial's job at once: job 1's config is refused, the others report 0.5 + job / 10."""
+
+        def launch(self, job_overrides, initial_job_idx):
+            returns = []
+            for num, overrides in enumerate(job_overrides, initial_job_idx):
+                run_dir = tmp_path / str(num)
+                run_dir.mkdir()
+                ret = job_return(None, 2, "config error: it broke") if num == 1 else job_return(0.5 + num / 10)
+                end_job(SweepReport(), optuna_job_config(run_dir, num, overrides, direction), ret)
+                returns.append(ret)
+            return returns
+
+    sweeper = OptunaSweeperImpl(TPESampler(seed=1), direction, None, "s", 3, 1, None, None,
+                                OmegaConf.create({"trainer.learning_rate": "tag(log, interval(0.0001, 0.01))"}))
+    sweeper.config, sweeper.launcher, sweeper.hydra_context = OmegaConf.create(
+        {"hydra": {"sweep": {"dir": str(tmp_path)}}}), Launcher(), object()
+    sweeper.sweep([])
+    best = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert best["best_value"] == (0.7 if direction == "maximize" else 0.5)
+    assert json.loads((tmp_path / "1" / "job_outcome.json").read_text())["value"] is None
+
+
+def test_a_job_without_a_metric_returns_nan_to_a_sweeper_that_optimises_nothing(tmp_path):
+    import math
+    from tf_harness.experiments.sweep_report import SweepReport
+    (tmp_path / "0").mkdir()
+    ret = job_return(None, 2, "config error: it broke")
+    end_job(SweepReport(), job_config(tmp_path / "0"), ret)
+    assert math.isnan(ret.return_value) and ret.return_value.status == 2
+
+
+@pytest.fixture
+def command_line(monkeypatch):
+    """cli.exit_code run in this process, on a sweep's command line: its signal handlers and state put back after."""
+    import signal
+    import sys
+    from tf_harness.experiments import cli
+    from tf_harness.experiments.run_dir import interrupts
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(sys, "argv", ["run.py", "-m", "seed=1,2,3"])
+    monkeypatch.setattr(cli, "_status", 0)
+    monkeypatch.setattr(cli, "_sweep_report", None, raising=False)
+    yield cli
+    interrupts._pending.clear()
+    interrupts._finished = False
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.parametrize("stop, status", [("SIGINT", 130), ("SIGTERM", 143), ("config error", 2)])
+def test_a_sweep_that_a_signal_or_an_error_stops_reports_the_jobs_that_ran(tmp_path, capsys, command_line, stop,
+                                                                          status):
+    """Ctrl-C during a sweep exited 130 without a word on the jobs that had finished: Hydra reports a sweep only
+    when it reaches its end."""
+    import signal
+    from hydra.errors import ConfigCompositionException
+    from tf_harness.experiments.run_dir import interrupts
+    from tf_harness.experiments.sweep_report import SweepReport
+    config, report = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}), SweepReport()
+
+    def sweep():  # what Hydra's multirun does, up to the third job's start
+        report.on_multirun_start(config=config)
+        for job, ret in ((0, job_return(0.75)), (1, job_return(None, 1, "error: it broke"))):
+            (tmp_path / str(job)).mkdir()
+            end_job(SweepReport(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), ret)
+        (tmp_path / "2" / ".hydra").mkdir(parents=True)  # the third job has saved its config
+        (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- seed=3\n")
+        if stop == "config error":
+            raise ConfigCompositionException("seed=x is not an int")
+        raise interrupts.Interrupted(getattr(signal, stop))
+
+    assert command_line.exit_code(sweep) == status
+    lines = capsys.readouterr().err.splitlines()
+    failed = f"  job 1 (seed=2) in {tmp_path / '1'}: error: it broke"
+    best = f"best accuracy 0.7500 in job 0 (seed=1): {tmp_path / '0'}"
+    if stop == "config error":
+        assert lines[1:] == ["2 of 3 jobs failed:", failed, f"  job 2 (seed=3) in {tmp_path / '2'}: error: the job's "
+                             "outcome is unknown: no job_outcome.json: the job could not write it",
+                             f"3 jobs ran, 2 failed; {best}"]
+    else:
+        assert lines == [f"interrupted by {stop}", "1 of 3 jobs failed:", failed, "1 of 3 jobs were interrupted:",
+                         f"  job 2 (seed=3) in {tmp_path / '2'}: interrupted by {stop}",
+                         f"3 jobs ran, 1 failed, 1 interrupted; {best}"]
+    assert command_line._sweep_report is None
+
+
+def test_a_sweep_stopped_before_any_job_ran_adds_nothing_to_the_error(tmp_path, capsys, command_line):
+    from hydra.errors import ConfigCompositionException
+    from tf_harness.experiments.sweep_report import SweepReport
+
+    def sweep():
+        SweepReport().on_multirun_start(config=OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+        raise ConfigCompositionException("Could not find 'model/nope'")
+
+    assert command_line.exit_code(sweep) == 2
+    assert capsys.readouterr().err.splitlines() == ["config error: Could not find 'model/nope'"]
+
+
+def test_a_sweep_that_ends_leaves_no_report_for_the_exit(tmp_path, capsys, command_line):
+    end = started_sweep(tmp_path)
+    end(capsys)
+    assert command_line.exit_code(lambda: None) == 0 and capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_a_finished_sweep_run_again_into_its_folder_reports_each_job_as_the_first_time(tmp_path):
+    args = ("-m", *SMOKE, "trainer.train_steps=2", "trainer.eval_steps=1", "seed=1,2", f"hydra.sweep.dir={tmp_path}")
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to train" in (tmp_path / "1" / "run.log").read_text()
+    assert last_line(again.stderr) == last_line(first.stderr)
+    assert SUMMARY.match(last_line(again.stderr)), again.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_run_again_into_its_folder_names_the_same_best_trial(tmp_path):
+    """It stopped with a traceback: its re-entered trials returned no metric, which Optuna's sweeper cannot take."""
+    args = ("-m", "hparams_search=optuna", *SMOKE, "trainer.train_steps=2", "trainer.eval_steps=1",
+            "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={tmp_path}")
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    best = (tmp_path / "optimization_results.yaml").read_text()
+    again = run_cli(*args)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert last_line(again.stderr) == last_line(first.stderr)
+    assert (tmp_path / "optimization_results.yaml").read_text() == best
+
+
+def test_an_optuna_sweep_whose_trials_fail_reports_them_without_a_traceback(tmp_path):
+    result = run_cli("-m", "hparams_search=optuna", *SMOKE, "dataset.root=/nonexistent/root", "hydra.sweeper.n_trials=2",
+                     f"hydra.sweep.dir={tmp_path}", timeout=180)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "2 of 2 jobs failed:" in result.stderr
+    assert last_line(result.stderr) == f"2 jobs ran, 2 failed; no job reported a validation metric: {tmp_path}"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_sweep_reports_the_jobs_that_ran_and_exits_130(tmp_path):
+    """It exited 130 with no word on the job that had finished."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from tests.conftest import PROJECT
+    process = subprocess.Popen([sys.executable, "run.py", "-m", *SMOKE, "trainer.eval_steps=1",
+                                "trainer.train_steps=2,100000", f"hydra.sweep.dir={tmp_path}"], cwd=PROJECT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    deadline = time.time() + 300
+    while not (tmp_path / "1" / "checkpoints" / "ckpt-2.index").exists() and time.time() < deadline:
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == 130, stderr[-3000:]
+    first = json.loads((tmp_path / "0" / "job_outcome.json").read_text())
+    lines = stderr.rstrip().splitlines()[-4:]
+    assert lines == ["interrupted by SIGINT", "1 of 2 jobs were interrupted:",
+                     f"  job 1 (dataset=lfw_pairs experiment=smoke trainer.eval_steps=1 trainer.train_steps=100000) "
+                     f"in {tmp_path / '1'}: interrupted by SIGINT",
+                     f"2 jobs ran, 0 failed, 1 interrupted; best accuracy {first['value']:.4f} in job 0 "
+                     f"(trainer.train_steps=2): {tmp_path / '0'}"], stderr[-3000:]

@@ -6,6 +6,8 @@
 
 A benchmark is a module here with a `main(argv)` (named in `benchmarks.__main__.BENCHMARKS`); the other
 modules are what they share and never run on their own: `measure` (timing, paired rounds, CPU seconds,
-load average, the figures' format), `data_api` (the only contact with the project's data API), and the
-independent baselines (`input_baselines`, `step_baselines`) that the project's code is measured against.
+load average, the figures' format), `record` (a run's header and footer, and the results file every run
+writes under benchmarks/results/), `data_api` (the only contact with the project's data API), the
+independent baselines (`input_baselines`, `step_baselines`) that the project's code is measured against,
+and the parts of a benchmark too long for one module (`step_modes`, `first_calls`, `input_report`, ...).
 """

@@ -1,19 +1,16 @@
 """`python -m benchmarks` lists the benchmarks; `python -m benchmarks NAME [options]` runs one."""
-import ast
 import importlib
 import os
 import sys
-from pathlib import Path
 
 # Every benchmark, in the order listed. Each is benchmarks/NAME.py with a `main(argv)`; the first line of its
-# docstring is its description.
+# docstring is its description. Importing one starts no TensorFlow: each imports it where it builds its rows.
 BENCHMARKS = ("steps", "input", "compile_cache", "service", "real_size", "faults")
 
 
 def description(name):
-    """The first line of a benchmark's docstring, read without importing it (nor TensorFlow)."""
-    tree = ast.parse((Path(__file__).parent / f"{name}.py").read_text(encoding="utf-8"))
-    return ast.get_docstring(tree).splitlines()[0]
+    """The first line of a benchmark's docstring."""
+    return importlib.import_module(f"benchmarks.{name}").__doc__.splitlines()[0]
 
 
 def listing():
@@ -24,7 +21,9 @@ def listing():
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m benchmarks NAME [options]   (python -m benchmarks NAME --help: its options)\n\n"
+        print("usage: python -m benchmarks NAME [options]   (python -m benchmarks NAME --help: its options)\n"
+              "Each run prints its tables and writes them, with the machine, date and command, to\n"
+              "benchmarks/results/<date>-<time>-NAME.json (or under $HARNESS_BENCHMARK_RESULTS).\n\n"
               f"benchmarks:\n{listing()}")
         return 0
     if argv[0] not in BENCHMARKS:

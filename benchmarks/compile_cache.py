@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import measure
+from benchmarks import measure, record
 
 PROJECT = Path(__file__).resolve().parents[1]
 FIRST_STEP = re.compile(r"Time to the first step: ([\d.]+) s \((.*)\)")
@@ -52,30 +52,29 @@ def main(argv=None):
     args = parser.parse_args(argv)
     overrides = args.override or ["dataset=lfw_pairs", "experiment=smoke", "trainer.train_steps=1",
                                   "trainer.eval_every=100000"]
-    measure.header("compile_cache", argv or [], devices=False)
-    work = Path(tempfile.mkdtemp(prefix="compile-cache-"))
-    samples = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "tf-harness"))
-    try:
-        if not (samples / "samples").is_dir():
-            samples = work / "samples-home"
-            first_step(overrides, samples, work / "warm-up")  # generates the samples once, outside the rounds
-        rows = []
-        for number in range(args.rounds):
-            cache = work / f"round-{number}"
-            shutil.copytree(samples / "samples", cache / "samples", symlinks=True)
-            cold = first_step(overrides, cache, work / f"cold-{number}")
-            warm = first_step(overrides, cache, work / f"warm-{number}")
-            rows.append((cold, warm, os.getloadavg()[0]))
-            print(f"round {number + 1}: cold first step {cold[0]:.1f} s (first loop {cold[1]:.1f} s, {cold[2]:.1f} "
-                  f"CPU-s, cache held {cold[3]}), warm {warm[0]:.1f} s (first loop {warm[1]:.1f} s, {warm[2]:.1f} "
-                  f"CPU-s, cache held {warm[3]}); load {rows[-1][2]:.2f}", flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    loops = [warm[1] / cold[1] for cold, warm, _ in rows]
-    totals = [warm[0] / cold[0] for cold, warm, _ in rows]
-    print(measure.target_line("first loop, warm ÷ cold", loops, 0.5, op="<="))
-    print(measure.target_line("first step, warm ÷ cold", totals, None))
-    print(f"  first loop cold {statistics.median(c[1] for c, _, _ in rows):.1f} s, warm "
-          f"{statistics.median(w[1] for _, w, _ in rows):.1f} s (medians)")
-    measure.footer()
+    with record.recorded("compile_cache", argv or [], devices=False):
+        work = Path(tempfile.mkdtemp(prefix="compile-cache-"))
+        samples = Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "tf-harness"))
+        try:
+            if not (samples / "samples").is_dir():
+                samples = work / "samples-home"
+                first_step(overrides, samples, work / "warm-up")  # generates the samples once, outside the rounds
+            rows = []
+            for number in range(args.rounds):
+                cache = work / f"round-{number}"
+                shutil.copytree(samples / "samples", cache / "samples", symlinks=True)
+                cold = first_step(overrides, cache, work / f"cold-{number}")
+                warm = first_step(overrides, cache, work / f"warm-{number}")
+                rows.append((cold, warm, os.getloadavg()[0]))
+                print(f"round {number + 1}: cold first step {cold[0]:.1f} s (first loop {cold[1]:.1f} s, {cold[2]:.1f} "
+                      f"CPU-s, cache held {cold[3]}), warm {warm[0]:.1f} s (first loop {warm[1]:.1f} s, {warm[2]:.1f} "
+                      f"CPU-s, cache held {warm[3]}); load {rows[-1][2]:.2f}", flush=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        loops = [warm[1] / cold[1] for cold, warm, _ in rows]
+        totals = [warm[0] / cold[0] for cold, warm, _ in rows]
+        print(measure.target_line("first loop, warm ÷ cold", loops, 0.5, op="<="))
+        print(measure.target_line("first step, warm ÷ cold", totals, None))
+        print(f"  first loop cold {statistics.median(c[1] for c, _, _ in rows):.1f} s, warm "
+              f"{statistics.median(w[1] for _, w, _ in rows):.1f} s (medians)")
     return 0

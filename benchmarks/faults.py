@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import measure
+from benchmarks import measure, record
 
 NAME = "faults"
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,10 +244,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", help="where the run directories go (default: a new temporary folder)")
     args = parser.parse_args(argv)
-    measure.header(NAME, argv, devices=False)  # TensorFlow runs in the trials' processes
-    started = time.time()
-    counts = run_trials(args.datasets.split(","), args.faults.split(","), args.trials, args.seed, args.work)
-    report(counts)
-    print(f"{time.time() - started:.0f} s in all")
-    measure.footer()
+    with record.recorded(NAME, argv, devices=False):  # TensorFlow runs in the trials' processes
+        started = time.time()
+        counts = run_trials(args.datasets.split(","), args.faults.split(","), args.trials, args.seed, args.work)
+        report(counts)
+        print(f"{time.time() - started:.0f} s in all")
     return 0 if all(passed == run for passed, run, _, _ in counts.values()) else 1

@@ -43,6 +43,6 @@ def child(dataset, name, args, cost):
     if name == "keras":
         overrides = ["trainer.graph_optimizer={}"]
     args.override = [*args.override, *overrides]
-    row = cost(dataset, args, [None]).rows[name]  # the cost mode's rows (benchmarks/steps.py)
+    row = cost(dataset, args, [None]).rows[name]  # the cost mode's rows (benchmarks/step_modes.py)
     timing = timed(row.run, row.unit)
     print(json.dumps({"seconds": timing.seconds, "cpu": timing.cpu}))

@@ -54,9 +54,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import data_api, input_baselines, input_report, input_starvation, measure, project_sources
-from benchmarks.input_baselines import CeilingSource
+from benchmarks import data_api, input_report, input_starvation, measure, record
 from benchmarks.measure import CORES, Source
+
+# The baselines and the project's sources start TensorFlow: they are imported where a mode builds its rows, so that
+# `--help` answers without it.
 
 NAME = "input"
 MODES = ("throughput", "resize", "guard", "starvation")
@@ -70,6 +72,9 @@ log = logging.getLogger("benchmarks.input")
 
 def baseline_sources(bench, only, notes):
     """Rows ceiling, cores, a and b (benchmarks/input_baselines.py)."""
+    from benchmarks import input_baselines
+    from benchmarks.input_baselines import CeilingSource
+
     sources = []
     if "ceiling" in only:
         sources.append(CeilingSource(bench))
@@ -91,6 +96,8 @@ def baseline_sources(bench, only, notes):
 
 def tutorial_sources(bench, only):
     """Rows g and h: the datasets' tutorial-style baselines."""
+    from benchmarks import input_baselines
+
     sources = []
     if "g" in only and bench.name == "lfw_pairs":
         sources.append(Source("g", "from_generator + PIL pair sampler (tutorial)", bench,
@@ -107,6 +114,9 @@ def tutorial_sources(bench, only):
 def run_dataset(name, image_size, args, only, workdir):
     """Measures and reports one dataset at one image size (None: its default); returns its summary
     entry, or None when it failed."""
+    from benchmarks import project_sources
+    from benchmarks.input_baselines import CeilingSource
+
     sources = []
     try:
         folder = Path(workdir) / f"{name}-{image_size or 'default'}"
@@ -170,6 +180,8 @@ def datasets_and_sizes(args):
 
 def resize(args):
     """The shrink alone: the same read, decode_png and parallel map around each resize."""
+    from benchmarks import input_baselines
+
     paths = sorted(glob.glob(os.path.expanduser(args.files)))
     if not paths:
         raise SystemExit(f"no files match {args.files}")
@@ -202,6 +214,8 @@ def png_dataset(paths, resize_function, size, batch_size):
 
 def guard(args):
     """The decode guard's cost: the same records loaded bare and guarded, per dataset and size."""
+    from benchmarks import project_sources
+
     with tempfile.TemporaryDirectory(prefix="guard-bench-") as workdir:
         for name, image_size in datasets_and_sizes(args):
             bench = data_api.Bench(name, args.batch_size, image_size, workdir)
@@ -273,9 +287,8 @@ def main(argv=None):
     full = argv if argv[:1] and (argv[0] in MODES or argv[0] in ("-h", "--help")) else ["throughput", *argv]
     args = parser().parse_args(full)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    measure.header(NAME, argv)
     run = {"throughput": throughput, "resize": resize, "guard": guard, "starvation": input_starvation.run}
-    status = run[args.mode](args)
-    measure.footer()
+    with record.recorded(NAME, argv):
+        status = run[args.mode](args)
     print(f"command: {measure.command(NAME, argv)}")
     return status

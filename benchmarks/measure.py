@@ -1,7 +1,7 @@
 """How every benchmark measures: the one place for timing, rounds, CPU accounting and the figures' format.
 
-- The header and footer: the command, the devices TensorFlow sees, the cores, and the 1-minute load
-  average before and after; on a shared machine the load says how far the figures can be trusted.
+- The command line as a reader types it (`command`) and the 1-minute load average; benchmarks/record.py
+  frames each run with them and writes its results file.
 - Timing: wall and CPU seconds of a call (`timed`); CPU seconds of a live process (/proc) and of
   the whole machine, so a row can say how many cores other processes used meanwhile.
 - Paired rounds: every row once per round, the order rotated every round (`rotations`), so drift and
@@ -12,8 +12,7 @@
   ratios: each round's two measurements are minutes apart at most, so load that comes and goes cancels
   better than in a ratio of medians.
 
-TensorFlow is imported only where devices are listed, so benchmarks that time other processes
-(real_size, faults) do not start it, nor hold a GPU, in their own.
+Nothing here imports TensorFlow.
 """
 import argparse
 import math
@@ -29,7 +28,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------------------------------
-# Header and footer
+# The command line and the load
 
 
 class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -44,23 +43,6 @@ def load_average():
 def command(name, argv):
     """The command line that runs benchmark `name` with `argv`, as a reader would type it."""
     return f"python -m benchmarks {shlex.join([name, *argv])}"
-
-
-def header(name, argv, devices=True):
-    """Prints the command, with `devices` the devices TensorFlow sees, and the cores and load before."""
-    print(f"command: {command(name, argv)}")
-    if devices:
-        import tensorflow as tf
-
-        names = [device.name for device in tf.config.list_logical_devices()]
-        details = [tf.config.experimental.get_device_details(gpu).get("device_name", "?")
-                   for gpu in tf.config.list_physical_devices("GPU")]
-        print(f"devices: {names} {details}; TensorFlow {tf.__version__}")
-    print(f"load average (1 min) before: {load_average():.2f}; cores: {CORES}", flush=True)
-
-
-def footer():
-    print(f"load average (1 min) after: {load_average():.2f}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------

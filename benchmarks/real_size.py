@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import measure
+from benchmarks import measure, record
 
 NAME = "real_size"
 PROJECT = Path(__file__).resolve().parents[1]
@@ -261,20 +261,19 @@ def main(argv=None):
     parser.add_argument("--phases-only", action="store_true",
                         help="only the data phases of a cold and a warm start, no python run.py")
     args = parser.parse_args(argv)
-    measure.header(NAME, argv, devices=False)  # TensorFlow runs in the children only
-    results = {}
-    for tree, dataset, build, size in (("nih", "chest_xray", build_nih, args.nih),
-                                       ("det", "imagenet_det", build_det, args.det)):
-        if args.only not in (None, tree):
-            continue
-        root = args.folder / tree
-        started = time.perf_counter()
-        build(root, size)
-        print(f"{tree}: {size:,} images linked in {root} ({time.perf_counter() - started:.0f} s)", flush=True)
-        if not args.phases_only:
-            results.update(runs(tree, dataset, root, args.folder))
-        print_phases(tree, dataset, root, args.folder)
-    if results:
-        print_table(results)
-    measure.footer()
+    with record.recorded(NAME, argv, devices=False):  # TensorFlow runs in the children only
+        results = {}
+        for tree, dataset, build, size in (("nih", "chest_xray", build_nih, args.nih),
+                                           ("det", "imagenet_det", build_det, args.det)):
+            if args.only not in (None, tree):
+                continue
+            root = args.folder / tree
+            started = time.perf_counter()
+            build(root, size)
+            print(f"{tree}: {size:,} images linked in {root} ({time.perf_counter() - started:.0f} s)", flush=True)
+            if not args.phases_only:
+                results.update(runs(tree, dataset, root, args.folder))
+            print_phases(tree, dataset, root, args.folder)
+        if results:
+            print_table(results)
     return 0

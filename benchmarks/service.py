@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import data_api, measure
+from benchmarks import data_api, measure, record
 from benchmarks.data_api import Bench
 from benchmarks.measure import Source, tf_start
 
@@ -111,23 +111,22 @@ def main(argv=None):
     parser.add_argument("--rounds", "--repeats", type=int, default=5, help="paired rounds")
     parser.add_argument("--seconds", type=float, default=8, help="seconds per row and round")
     args = parser.parse_args(argv)
-    measure.header(NAME, argv)
-    defaults = data_api.compose_defaults(args.dataset).pipeline
-    bench = Bench(args.dataset, args.batch_size or defaults.batch_size, args.image_size or defaults.image_size,
-                  WORKDIR)
-    WORKDIR.mkdir(parents=True, exist_ok=True)
-    clusters = {}
-    try:
-        for count in (int(value) for value in args.workers.split(",")):
-            if count:
-                clusters[count] = Cluster(count, WORKDIR)
-        rows = sources(bench, clusters)
-        before = measure.load_average()
-        measure.run_interleaved(rows, args.seconds, args.rounds)
-        report(bench, rows, (before, measure.load_average()))
-    finally:
-        for cluster in clusters.values():
-            cluster.stop()
-    measure.footer()
+    with record.recorded(NAME, argv):
+        defaults = data_api.compose_defaults(args.dataset).pipeline
+        bench = Bench(args.dataset, args.batch_size or defaults.batch_size, args.image_size or defaults.image_size,
+                      WORKDIR)
+        WORKDIR.mkdir(parents=True, exist_ok=True)
+        clusters = {}
+        try:
+            for count in (int(value) for value in args.workers.split(",")):
+                if count:
+                    clusters[count] = Cluster(count, WORKDIR)
+            rows = sources(bench, clusters)
+            before = measure.load_average()
+            measure.run_interleaved(rows, args.seconds, args.rounds)
+            report(bench, rows, (before, measure.load_average()))
+        finally:
+            for cluster in clusters.values():
+                cluster.stop()
     return 0
 

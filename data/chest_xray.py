@@ -57,8 +57,8 @@ def list_tree(root: Path):
     images, metadata, seen = {}, {}, set()
 
     def walk(directory):
-        # os.walk's top-down order, from scandir's entries: their paths come ready, where joining
-        # 112,120 names took a third of a warm index. Symlinked folders are followed: Kaggle's
+        # os.walk's top-down order, from scandir's entries: their paths come ready, where joining every
+        # name into a path weighs on a warm index (docs/input-pipeline.md). Symlinked folders are followed: Kaggle's
         # images_001/ ... folders are often linked in from other disks; a link back to a folder already
         # listed (a loop) or that cannot be followed is skipped, and logged.
         stat = os.stat(directory)
@@ -110,7 +110,7 @@ def cached_metadata(csv_path: Path, skipped) -> pd.DataFrame:
     if cached is None:
         parsed = SkipLog()
         table = read_metadata(csv_path, parsed)
-        # The labels as one array: unpickling 112,120 lists took 0.25 s, the array and tolist() 0.07 s.
+        # The labels as one array: it unpickles far faster than a list per row (docs/input-pipeline.md).
         labels = np.array(table.label.tolist(), np.uint8).reshape(len(table), len(FINDINGS))
         cached = table.drop(columns="label"), labels, parsed.rows
         pickle_cache.write(cache, cached)

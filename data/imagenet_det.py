@@ -163,7 +163,7 @@ def _unchanged_index(ilsvrc: Path):
     """The cached index when no folder of the tree changed since it was made, else None.
 
     Adding, removing or renaming a file changes its folder's mtime, so a warm start reads a few
-    hundred folder mtimes instead of listing and hashing every file (10 s at ILSVRC's 450,000). A file
+    hundred folder mtimes instead of listing and hashing every file (docs/input-pipeline.md). A file
     rewritten in place keeps its folder's mtime: `touch` the folder to have it re-indexed.
     """
     saved = pickle_cache.read(_folders_file(ilsvrc))

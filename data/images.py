@@ -108,20 +108,12 @@ def decode_and_resize(contents, channels, size, method="resize", crop_fraction=N
 def resize(image, size):
     """Resizes a uint8 image to `size` (height, width), antialiased when shrinking; uint8 out.
 
-    Shrinking must antialias: it keeps thin structures when 1024px X-rays become a few dozen pixels.
-    TensorFlow's antialiased bilinear resize (ScaleAndTranslate) is slow, though: on LFW's 125px face
-    windows it took as much CPU as the JPEG decode. So:
-
-    - an image at least 8x the size (X-rays at 64-128px) is first brought to twice the size by a plain
-      bilinear resize, much cheaper, and then antialiased;
-    - any other shrink averages each output pixel's footprint (``area``, an exact box filter, about as
-      cheap as bilinear). With the PNG decode, the real NIH X-rays at 224px then take 0.91 (0.89-0.96)
-      of a plain decode + bilinear resize's images per CPU-second, where the pre-shrink and antialiasing
-      took 0.83 (`python -m benchmarks input resize`). Area at 64px would move the X-rays' pixels by 1.0 level on
-      average from the direct antialiased resize (the other branch: 0.7) and save nothing;
-    - enlarging (LFW at 224px) is plain bilinear: antialiasing changes no pixel there.
-
-    tests/test_images.py bounds the differences from the direct antialiased resize.
+    At least eight times the size on both sides: a plain bilinear resize to twice the size, then an
+    antialiased one; any other shrink of both sides: area (an exact box filter); one side shrinking: the
+    antialiased resize; enlarging: plain bilinear, where antialiasing changes no pixel. Shrinking must
+    antialias to keep thin structures of 1024px X-rays at a few dozen pixels, but TensorFlow's antialiased
+    resize costs about as much CPU as a JPEG decode, hence the cheaper paths (docs/input-pipeline.md).
+    tests/test_images.py bounds their differences from the direct antialiased resize.
     """
     height, width = size
     shape = tf.shape(image)

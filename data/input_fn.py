@@ -25,8 +25,8 @@ from tf_harness.data.tfrecords.reader import TFRecordRecords
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
 _MB = 1_000_000
-# An input checkpoint saves each buffered element as an entry of its own, about 30 us apiece here:
-# 20,000 small records save in about 0.6 s.
+# An input checkpoint saves each buffered element as an entry of its own, so the count bounds the save's
+# time (docs/input-pipeline.md).
 MAX_SHUFFLE_ELEMENTS = 20_000
 
 
@@ -124,15 +124,15 @@ def _loaded(source, data, model_dir, training, cached, first_epoch, first_decode
 
     Where every record must be decoded without fail, an image file that fails to read or decode gives
     weight 0 instead of ending the iterator, and is reported for skipped.csv (data/integrity/unreadable.py):
-    evaluation keeps its row, counting for nothing, and training leaves it out. That guard costs up to
-    a third more CPU per image (`python -m benchmarks input guard`), so training pays it only while each file is
+    evaluation keeps its row, counting for nothing, and training leaves it out. That guard costs CPU per
+    image (`python -m benchmarks input guard`, docs/benchmarks.md), so training pays it only while each file is
     decoded the first time: for the first `first_epoch` records of an endless stream of epochs (what
     fails there is reported, and later epochs just leave it out), or in the one pass that fills a cache.
     Drawn records (LFW's pairs) have no epochs: a guarded pass over records that hold each file once
     runs before the draws, reports what fails and yields nothing (`first_decodes`).
     """
     # A load is graph ops with Python control flow only on settings, so AutoGraph has nothing to
-    # convert (and converting it cost a second).
+    # convert, and converting it would only lengthen the start.
     load = tf.autograph.experimental.do_not_convert(source.load)
     guard = unreadable.guard(load, source.paths, unreadable.report_folder(model_dir) if model_dir is not None else None)
 
@@ -160,8 +160,8 @@ def _loaded(source, data, model_dir, training, cached, first_epoch, first_decode
 def _numbered_first_epoch_guarded(data, load, guard, first_epoch):
     """Guards the first `first_epoch` records by their number, for sources that cannot skip an epoch cheaply:
     TFRecord shards would be read again, and a tf.data service splits each source of a pipeline between
-    its workers. Every record then passes a number, a tf.cond and drop_failed, which cost DET about a
-    tenth more CPU per image after the first epoch.
+    its workers. Every record then passes a number, a tf.cond and drop_failed, which cost some CPU per image
+    after the first epoch (docs/benchmarks.md).
 
     Records are numbered by a scan, not zipped with a counter, which a service would split too. There
     each worker guards its own first `first_epoch` records, which hold all it gets of the first epoch.

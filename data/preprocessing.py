@@ -3,9 +3,9 @@
 The input pipeline stops at decoded, resized uint8 batches; this module turns them into the
 model's float inputs on the replica's device. That follows Keras' advice for image
 preprocessing on accelerators, and keeps the host cores, the scarce resource that feeds a GPU,
-for decoding: on one CPU core, flip + brightness + standardisation cost 0.40 ms per 224x224
-RGB image inside a tf.data map, a third of decoding and cropping an ILSVRC image. uint8 batches also cross to the
-device at a quarter of float32's bytes.
+for decoding: inside a tf.data map, flip + brightness + standardisation cost a good share of what
+decoding and cropping an image does (docs/input-pipeline.md). uint8 batches also cross to the device at a
+quarter of float32's bytes.
 """
 import tensorflow as tf
 

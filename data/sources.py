@@ -21,9 +21,9 @@ class TableRecords:
     """The rows of an index table: a record is a row number, loaded through constant columns of paths and labels.
 
     Training shuffles each epoch as one permutation of the row numbers (`epochs`), not through a
-    shuffle buffer: an iterator checkpoint saves each buffered element as an entry of its own (about
-    190 bytes and 30 us apiece), so a buffer of NIH's 112,120 rows made 21-30 MB that took 3.5 s to
-    save, where the permutation is one tensor of 0.9 MB, saved in hundredths of a second.
+    shuffle buffer: an iterator checkpoint saves each buffered element as an entry of its own, so a
+    buffer of NIH's rows makes a large, slow save, where the permutation is one small tensor
+    (docs/input-pipeline.md).
     """
 
     endless = False

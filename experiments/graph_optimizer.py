@@ -16,11 +16,8 @@ OPTIONS = ("layout_optimizer", "constant_folding", "shape_optimization", "remapp
            "dependency_optimization", "loop_optimization", "function_optimization", "debug_stripper",
            "disable_model_pruning", "scoped_allocator_optimization", "pin_to_host_optimization",
            "implementation_selector", "auto_mixed_precision", "disable_meta_optimizer", "min_graph_nodes")
-# trainer.graph_optimizer=null on CPU alone: no Grappler pass. The chest default's first call took 37.3 CPU-s
-# against 57.2 with every pass on (0.55x against 0.67x a plain Keras step's first call), while steady steps
-# measured 1.018x, 1.006x and 0.996x the time of those with every pass on for the chest, LFW and DET defaults,
-# within the noise (docs/benchmarks.md). Turning off constant folding alone gained less, the layout optimizer
-# nothing.
+# trainer.graph_optimizer=null on CPU alone: no Grappler pass. There the passes cost the first call much of its
+# CPU time and buy the steady step nothing beyond the noise (docs/training-loop.md).
 ON_CPU = {"disable_meta_optimizer": True}
 
 

@@ -72,9 +72,8 @@ def accelerated() -> bool:
 
 def default_steps_per_loop() -> int:
     """``trainer.steps_per_loop: null``: 10 where a GPU or TPU can idle while the host works between steps;
-    1 on CPU alone, where loops measured no faster (`python -m benchmarks steps per-loop`) and a one-step call,
-    traced without a while loop, reached ResNet-v2-152's first step sooner (`python -m benchmarks steps
-    first-calls`)."""
+    1 on CPU alone, where a step dwarfs the host's per-step cost and a one-step call, traced without a while
+    loop, reaches the first step sooner (docs/benchmarks.md)."""
     return 10 if accelerated() else 1
 
 
@@ -83,8 +82,7 @@ def resolve_jit_compile(jit_compile, replicas, deterministic) -> bool:
     results need not repeat bit for bit. There TensorFlow's executor dispatches a step's hundreds of
     small kernels (thousands for ResNet-v2-152 and Adam) one by one from the host, and waits on the
     host for the non-finite check's branch, so the GPU idles between them; one compiled step is one
-    launch: on an H100, 3.0x the LFW steps/s (docs/benchmarks.md). On this project's 2-core CPU it
-    measured 0.56x."""
+    launch. On CPU alone it is slower (docs/benchmarks.md)."""
     if jit_compile is not None:
         return jit_compile
     return bool(tf.config.list_physical_devices("GPU")) and replicas == 1 and not deterministic
@@ -92,9 +90,8 @@ def resolve_jit_compile(jit_compile, replicas, deterministic) -> bool:
 
 def resolve_fetch_ahead(fetch_ahead, replicas) -> bool:
     """``trainer.fetch_ahead: null``: on where a GPU or TPU is present and the step runs on one replica. There
-    the host's fetch of each batch otherwise sits between one step's launch and the next: on an H200 fetching
-    ahead trained 1.17x the LFW steps/s and 1.05x DET's at 50 steps per loop (docs/benchmarks.md). On a CPU it
-    measured no change, and with one step per loop, CPU's default, there is nothing to fetch ahead of."""
+    the host's fetch of each batch otherwise sits between one step's launch and the next (docs/benchmarks.md).
+    On a CPU it changes nothing, and with one step per loop, CPU's default, there is nothing to fetch ahead of."""
     if fetch_ahead is not None:
         return fetch_ahead
     return accelerated() and replicas == 1
@@ -334,8 +331,8 @@ class Trainer:
     def all_finite(self) -> bool:
         """Whether every float variable of the model and the optimizer is finite.
 
-        Checked on the host, as a checkpoint save reads them anyway: 0.1 CPU-s for ResNet-v2-152 and
-        Adam (175M values), where a traced check cost 3.7 CPU-s to trace at the first save.
+        Checked on the host, as a checkpoint save reads them anyway: cheaper than tracing a check at the first
+        save (docs/training-loop.md).
         """
         variables = [v for v in self.model.variables + self.optimizer.variables if _is_float(v)]
         return all(np.isfinite(v.numpy()).all() for v in variables)

@@ -7,10 +7,12 @@ smoke runs call a benchmark's main(argv) in this process, as `python -m benchmar
 TensorFlow is already started here; the longer runs of the other modes are marked slow.
 """
 import ast
+import json
 import re
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +25,14 @@ NUMBER = r"-?\d+\.\d+"
 SPREAD = rf"{NUMBER} \({NUMBER}–{NUMBER}\)"
 # LFW's siamese CNN at 24x24, batch 4: a step of milliseconds, a trace of a few seconds.
 TINY_LFW = ("--datasets", "lfw_pairs", "--override", "pipeline.batch_size=4", "--override", "pipeline.image_size=24")
+
+
+@pytest.fixture(autouse=True)
+def results_folder(tmp_path, monkeypatch):
+    """Where the runs below write their results files: a temporary folder, not benchmarks/results/."""
+    folder = tmp_path / "results"
+    monkeypatch.setenv("HARNESS_BENCHMARK_RESULTS", str(folder))
+    return folder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,6 +117,18 @@ def test_the_layout_checks_can_fail(tmp_path):
 
 
 @pytest.mark.parametrize("name", benchmark_modules(BENCHMARKS))
+def test_each_benchmark_shows_its_options_without_starting_tensorflow(name):
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "benchmarks", name, "--help"], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(f"usage: python -m benchmarks {name}")
+    assert "tensorflow" not in done.stderr  # -X importtime lists every module imported on stderr
+    listing = subprocess.run([sys.executable, "-X", "importtime", "-m", "benchmarks"], cwd=PROJECT,
+                             capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0 and "tensorflow" not in listing.stderr
+
+
+@pytest.mark.parametrize("name", benchmark_modules(BENCHMARKS))
 def test_each_benchmark_shows_its_options(name, capsys):
     with pytest.raises(SystemExit) as exited:
         run_main(name, "--help")
@@ -127,13 +149,56 @@ def run_main(name, *argv):
 
 
 def run_benchmark(capsys, name, *argv):
-    """The output of benchmark `name`, which must exit 0 and frame it with its command and the load."""
+    """The output of benchmark `name`, which must exit 0, frame it with its command and the load, and write it
+    to one results file with that command."""
     assert run_main(name, *argv) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"command: python -m benchmarks {name} {argv[0]}"), out[:500]
     assert re.search(r"load average \(1 min\) before: \d+\.\d\d; cores: \d+", out), out
     assert re.search(r"load average \(1 min\) after: \d+\.\d\d", out), out
+    written = re.findall(r"^results: (\S+)$", out, re.MULTILINE)
+    assert len(written) == 1, out
+    record = json.loads(Path(written[0]).read_text(encoding="utf-8"))
+    assert record["benchmark"] == name and out.startswith(f"command: {record['command']}\n")
     return out
+
+
+def test_a_run_writes_the_machine_the_command_and_its_figures_to_one_results_file(results_folder, capsys):
+    """record.recorded frames a run: header, footer, and one JSON file with the machine, date, load average,
+    command and the tables and lines it printed; a second run in the same second gets a file of its own, and a
+    run that raises writes none."""
+    from benchmarks import measure, record
+
+    for _ in range(2):
+        with record.recorded("fake", ["--rounds", "1"], devices=False):
+            print("lfw_pairs: 2 rounds\n| row | steps/s |\n|---|---|\n| loop 1 | 12.5 |\n\nratio 1.02 (0.98–1.10)")
+    with pytest.raises(RuntimeError), record.recorded("fake", [], devices=False):
+        raise RuntimeError("cut short")
+    out = capsys.readouterr().out
+    paths = sorted(results_folder.glob("*-fake*.json"))
+    assert len(paths) == 2 and re.fullmatch(r"\d{4}-\d\d-\d\d-\d{6}-fake(-1)?\.json", paths[0].name), paths
+    assert f"results: {paths[0]}" in out
+    result = json.loads(paths[0].read_text(encoding="utf-8"))
+    assert result["command"] == "python -m benchmarks fake --rounds 1"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", result["date"])
+    assert result["machine"]["cores"] == measure.CORES and result["machine"]["cpu"]
+    assert isinstance(result["machine"]["gpus"], list)
+    assert set(result["load_average_1min"]) == {"before", "after"}
+    assert result["figures"]["tables"] == [{"title": "lfw_pairs: 2 rounds", "columns": ["row", "steps/s"],
+                                            "rows": [["loop 1", "12.5"]]}]
+    assert result["figures"]["lines"] == ["lfw_pairs: 2 rounds", "ratio 1.02 (0.98–1.10)"]
+
+
+def test_a_results_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys):
+    from benchmarks import record
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("HARNESS_BENCHMARK_RESULTS", str(tmp_path / "file" / "results"))
+    with record.recorded("fake", [], devices=False):
+        print("figures")
+    captured = capsys.readouterr()
+    assert "results:" not in captured.out and "figures" in captured.out
+    assert len(captured.err.splitlines()) == 1 and captured.err.startswith("results not written: ")
 
 
 def step_rows(out, names, extra=None):

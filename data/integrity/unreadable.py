@@ -2,8 +2,8 @@
 
 The two-ends check (data/integrity/verification.py) finds truncated files and non-images up front, but a file
 whose two ends are whole can still be damaged inside (a bad disk block, a broken copy), and only a
-full decode finds that: about 9 ms of CPU per NIH PNG, 1,000 CPU-s for the whole set. So the decode
-itself is the check. `guard` runs each record's load in a one-element dataset of its own with
+full decode finds that, which for a whole release up front would cost CPU-minutes (docs/input-pipeline.md).
+So the decode itself is the check. `guard` runs each record's load in a one-element dataset of its own with
 `ignore_errors`, so that a load that fails gives a blank element of weight 0 instead of an error that
 ends the iterator. Evaluation keeps that row, counting for nothing, so table order holds; training
 leaves it out. The failing record's paths are written from the graph, one small file per record in

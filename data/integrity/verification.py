@@ -1,7 +1,7 @@
 """Whether image files are whole, checked per file and remembered by (path, size, mtime).
 
-A full decode of every image up front costs about 9 ms of CPU per real NIH PNG,
-some 1,000 CPU-s for the whole set. A damaged file is nearly always a truncated
+A full decode of every image up front would cost CPU-minutes for a real release
+(docs/input-pipeline.md). A damaged file is nearly always a truncated
 one or not an image at all, and both show at its two ends: a PNG starts with its
 signature and IHDR and ends with IEND, a JPEG starts with SOI and ends with EOI,
 a GIF ends with its trailer byte. So a file is checked by reading its first and
@@ -102,7 +102,7 @@ def _stats(paths):
         except OSError:
             return -1, -1, -1
 
-    # In one thread: 112,120 stats take about 0.35 s, and 0.8 s spread over 8 (the GIL between short calls).
+    # In one thread: spread over several, the GIL between such short calls makes them slower.
     return np.array([stat(path) for path in paths], dtype=np.int64).reshape(-1, _KEY_FIELDS)
 
 

@@ -66,7 +66,7 @@ def _identity(rng):
             "period": rng.uniform(9, 20)}
 
 
-# Photos are drawn at half size and scaled up (4x fewer pixels to compute); these are the
+# Photos are drawn at half size and scaled up (a quarter of the pixels to compute); these are the
 # drawn pixels' coordinates in full-size pixels.
 _Y, _X = np.mgrid[0:SIZE:2, 0:SIZE:2].astype(np.float32) + 0.5
 

@@ -65,7 +65,8 @@ PARALLEL = 2
 SERVER = r"""
 import atexit, json, os, sys, traceback
 sys.argv = ["run.py"]
-from tf_harness.experiments import cli  # first, as run.py does: the environment TensorFlow reads at import
+from tf_harness.experiments import cli
+cli.setup()  # first, as run.py does: the environment TensorFlow reads at import
 import tensorflow, keras  # noqa: F401  imported, not started: no op has run, no thread pool exists
 from tf_harness.experiments import runner  # noqa: F401
 from tf_harness import run

@@ -33,6 +33,7 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2
 
+from tf_harness.data.errors import ConfigError
 from tf_harness.experiments.run_dir import checkpoints
 
 log = logging.getLogger(__name__)
@@ -156,12 +157,16 @@ def damage(folder: Path) -> str | None:
 
 def export(task, trainer, run_dir):
     """Exports the run directory's newest restorable checkpoint (experiments/run_dir/checkpoints.py `newest_finite`,
-    as evaluate and predict find it), restored into `trainer` already, to `<run>/export/<global_step>/`; returns
-    that folder, or None on a worker that is not the chief (the chief alone writes it). An export already there is
-    left as it is."""
+    as evaluate and predict find it), restored into `trainer`, to `<run>/export/<global_step>/`; returns that
+    folder, or None on a worker that is not the chief (the chief alone writes it). An export already there is left
+    as it is."""
     if not run_dir.chief:
         return None
     latest = run_dir.latest()
+    if latest is None:
+        raise ConfigError(f"mode=export needs a checkpoint in {run_dir.checkpoint_dir}; train into that run "
+                          f"directory first (hydra.run.dir=...)")
+    trainer.checkpoint().restore(latest).expect_partial()
     export_dir = run_dir.model_dir / FOLDER
     target = export_dir / str(trainer.step)
     if target.exists() or target.is_symlink():

@@ -103,11 +103,12 @@ def run(settings: Settings):
                             context=strategies.input_context(strategy), writes=writes)
 
     # Restore: 1. the run's own newest restorable checkpoint, 2. trainer.init_checkpoint, 3. scratch ------------
-    # Training restores its input iterator too; the sidecar restores each new checkpoint as it comes.
+    # Training restores its input iterator too; the sidecar restores each new checkpoint as it comes, and export
+    # the one it writes out.
     training = not evaluator and settings.mode in ("train_and_evaluate", "train")
     if training:
         iterator, manager = controller.resume()
-    elif not evaluator:
+    elif settings.mode in ("evaluate", "predict"):
         controller.restore()
 
     # Loop: the mode ----------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from tests.conftest import REAL, compose, require_real_fixtures, run_cli, task_o
 from tf_harness.experiments.settings import Settings
 from tf_harness.data.errors import ConfigError
 from tf_harness.experiments import export, metrics
+from tf_harness.experiments.run_dir.directory import RunDirectory
 from tf_harness.experiments.trainer import Trainer
 
 # A tiny model per dataset, at the smoke experiment's 32px; every decode setting differs between them.
@@ -109,10 +109,9 @@ def test_the_signature_decodes_files_as_load_does_and_gives_the_probabilities(da
 def test_an_export_is_written_once_and_a_killed_exports_staging_folder_removed(odd_files, tmp_path, caplog):
     cfg = tiny_config("imagenet_det")
     task, trainer = tiny_trainer(cfg)
-    estimator = SimpleNamespace(chief=True, checkpoint_dir=tmp_path / "checkpoints", model_dir=tmp_path, task=task,
-                                spec=task.SPEC, trainer=trainer, cfg=cfg)
+    run_dir = RunDirectory(tmp_path)
     with pytest.raises(ConfigError, match="mode=export needs a checkpoint in"):
-        export.export(estimator)
+        export.export(task, trainer, run_dir)
     trainer.global_step.assign(3)
     trainer.checkpoint().write(str(tmp_path / "checkpoints" / "ckpt-3"))
     trainer.global_step.assign(0)
@@ -122,7 +121,7 @@ def test_an_export_is_written_once_and_a_killed_exports_staging_folder_removed(o
     leftover = tmp_path / "export" / ".3.staging-999999"
     (leftover / "variables").mkdir(parents=True)
     with caplog.at_level(logging.INFO, logger="tf_harness.experiments.export"):
-        target = export.export(estimator)
+        target = export.export(task, trainer, run_dir)
     assert target == tmp_path / "export" / "3" and (target / "saved_model.pb").is_file()
     assert sorted(path.name for path in target.parent.iterdir()) == ["3"]
     assert f"Removed {leftover}, left by an interrupted export" in caplog.text
@@ -134,10 +133,11 @@ def test_an_export_is_written_once_and_a_killed_exports_staging_folder_removed(o
     before = {path: path.stat().st_mtime_ns for path in target.rglob("*")}
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tf_harness.experiments.export"):
-        assert export.export(estimator) == target
+        assert export.export(task, trainer, run_dir) == target
     assert f"{target} is there already: global step 3 was exported before; leaving it as it is" in caplog.text
     assert {path: path.stat().st_mtime_ns for path in target.rglob("*")} == before
-    assert export.export(SimpleNamespace(**{**vars(estimator), "chief": False})) is None  # the chief alone writes
+    run_dir.set_worker(1)
+    assert export.export(task, trainer, run_dir) is None  # the chief alone writes
 
 
 def flip_last_byte(path):
@@ -153,11 +153,10 @@ def test_an_export_folder_that_holds_no_complete_savedmodel_is_refused_and_left_
     from tf_harness.experiments.run_dir.checkpoints import UnrestorableError
     cfg = tiny_config("lfw_pairs")
     task, trainer = tiny_trainer(cfg)
-    estimator = SimpleNamespace(chief=True, checkpoint_dir=tmp_path / "checkpoints", model_dir=tmp_path, task=task,
-                                spec=task.SPEC, trainer=trainer, cfg=cfg)
+    run_dir = RunDirectory(tmp_path)
     trainer.global_step.assign(2)
     trainer.checkpoint().write(str(tmp_path / "checkpoints" / "ckpt-2"))
-    whole = export.export(estimator)
+    whole = export.export(task, trainer, run_dir)
     pb = (whole / "saved_model.pb").read_bytes()
     data = Path("variables", "variables.data-00000-of-00001")
     read_back = r"variable \S+ does not read back: .+"  # the variable and TensorFlow's first line
@@ -179,7 +178,7 @@ def test_an_export_folder_that_holds_no_complete_savedmodel_is_refused_and_left_
         damage(target)
         before = {path: path.read_bytes() if path.is_file() else None for path in target.rglob("*")}
         with pytest.raises(UnrestorableError) as refused:  # cli: one line, exit 1
-            export.export(estimator)
+            export.export(task, trainer, run_dir)
         assert re.fullmatch(
             re.escape(f"{target} is there but is not a complete export (") + reason + re.escape(
                 f"); global step 2 cannot be exported while it is there: move it out of {target.parent}, then run "
@@ -190,7 +189,7 @@ def test_an_export_folder_that_holds_no_complete_savedmodel_is_refused_and_left_
     shutil.rmtree(target)
     target.mkdir()  # the reported case: an empty folder
     with pytest.raises(UnrestorableError, match=r"\(no saved_model.pb\)"):
-        export.export(estimator)
+        export.export(task, trainer, run_dir)
     assert not any(target.iterdir())
 
 

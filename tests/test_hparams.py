@@ -19,8 +19,9 @@ def hydra_config(sweep_dir, choices, task_overrides, params=None):
 
 
 def record(run_dir, task, cfg, hydra_cfg):
+    from tf_harness.experiments.settings import Settings
     from tf_harness.experiments.summaries import Summaries
-    Summaries(str(run_dir)).hparams(cfg, task, hydra_cfg)
+    Summaries(str(run_dir)).hparams(Settings.from_config(cfg), task, hydra_cfg)
     accumulator, _ = event_tags(run_dir)
     experiment = metadata.parse_experiment_plugin_data(
         accumulator.SummaryMetadata(metadata.EXPERIMENT_TAG).plugin_data.content)

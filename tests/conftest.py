@@ -102,7 +102,7 @@ def read_shards(cfg, split, training, seed=0, table=None, context=None):
 
 
 # A child process that holds a run directory's run lock, evaluator lock or both, until killed.
-_HOLD = ("import sys, time; from tf_harness.experiments import run_lock\n"
+_HOLD = ("import sys, time; from tf_harness.experiments.run_dir import run_lock\n"
          "for name in sys.argv[2].split(','):\n"
          "    run_lock.hold(sys.argv[1]) if name == 'run' else run_lock.hold_evaluator(sys.argv[1])\n"
          "print('held', flush=True); time.sleep(600)")

@@ -304,7 +304,7 @@ def test_an_unreadable_input_pipeline_record_is_no_record_and_says_so(tmp_path, 
 
 def test_a_lock_holder_that_exits_leaves_the_lock_file_empty(tmp_path):
     run_dir = tmp_path / "run"
-    hold = "import sys; from tf_harness.experiments import run_lock; run_lock.hold(sys.argv[1])"
+    hold = "import sys; from tf_harness.experiments.run_dir import run_lock; run_lock.hold(sys.argv[1])"
     subprocess.run([sys.executable, "-c", hold, str(run_dir)], cwd=PROJECT, check=True, timeout=120,
                    env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
     assert (run_dir / run_lock.LOCK_NAME).read_bytes() == b""

@@ -30,7 +30,6 @@ must hold the bytes its index lists. One that fails (a cut copy, a full disk, a 
 filled again, with a warning. Damage of the same size is found by TensorFlow's checksums as the cache is read;
 `damaged` turns that error into one line and removes the cache, so the same command fills it again.
 """
-import fcntl
 import glob
 import hashlib
 import json
@@ -42,12 +41,13 @@ from pathlib import Path
 import numpy as np
 
 from tf_harness.data.errors import ConfigError
+from tf_harness.data.integrity import locks
 from tf_harness.data.tables import path_columns
 
 log = logging.getLogger(__name__)
 # Bump when what a cache holds changes (the element structure, the decode), so older caches are not read.
 FORMAT = 1
-# Cache prefixes this process holds, with their open lock files; the OS drops the locks when it exits.
+# Cache prefixes this process holds, with their locks (locks.Held); the OS drops the locks when it exits.
 _held = {}
 
 
@@ -72,13 +72,10 @@ def _hold(prefix: str) -> bool:
     """Locks `prefix` for this process; True the first time. Raises ConfigError when another process has it."""
     if prefix in _held:
         return False
-    lock = open(f"{prefix}.lock", "a")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
+    lock = locks.take(f"{prefix}.lock")
+    if lock is None:
         raise ConfigError(f"pipeline.cache=disk: another running process is using the input cache {prefix}; "
-                          f"wait for it to finish, or give this run its own hydra.run.dir") from None
+                          f"wait for it to finish, or give this run its own hydra.run.dir")
     _held[prefix] = lock
     return True
 
@@ -133,14 +130,12 @@ def _other_prefixes(directory: Path, split: str, own: str) -> set:
 def _remove_unheld(prefix: str) -> bool:
     """Removes the cache at `prefix` unless a live process holds it; True when removed."""
     try:
-        lock = open(f"{prefix}.lock", "a")
+        lock = locks.take(f"{prefix}.lock")
     except OSError:
         return False
+    if lock is None:
+        return False
     with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
         _remove_files(prefix)
         os.remove(f"{prefix}.lock")
     return True

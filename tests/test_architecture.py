@@ -72,6 +72,31 @@ def test_importing_a_module_changes_no_global_state():
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+def _calls(module, function):
+    """Where the source calls `module.function` (as such, or imported by name): ["path:line", ...]."""
+    found = []
+    for path in _python_files():
+        tree = ast.parse(path.read_text())
+        by_name = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                   and node.module == module for alias in node.names if alias.name == function}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func
+            if (isinstance(called, ast.Attribute) and called.attr == function and isinstance(called.value, ast.Name)
+                    and called.value.id == module) or (isinstance(called, ast.Name) and called.id in by_name):
+                found.append(f"{path.relative_to(PROJECT)}:{node.lineno}")
+    return found
+
+
+def test_one_module_takes_file_locks_and_one_replaces_files():
+    """Locks on files are taken in data/integrity/locks.py alone, and files are renamed over others in
+    data/integrity/atomic_file.py alone: each is done one way, in one place."""
+    flocks, replaces = _calls("fcntl", "flock"), _calls("os", "replace")
+    assert len(flocks) == 1 and flocks[0].startswith("data/integrity/locks.py:"), flocks
+    assert len(replaces) == 1 and replaces[0].startswith("data/integrity/atomic_file.py:"), replaces
+
+
 # Where a reader enters each file of the documented path, and the file of the path that calls it there.
 _ENTRIES = {"run.py": ("train_and_evaluate", None), "experiments/runner.py": ("run", "run.py"),
             "data/input_fn.py": ("input_fn", "experiments/runner.py"),

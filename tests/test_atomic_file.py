@@ -4,7 +4,8 @@ import pickle
 
 import pytest
 
-from tf_harness.data.integrity.atomic_file import is_temporary, replacing, temporary_of
+from tf_harness.data.integrity import atomic_file
+from tf_harness.data.integrity.atomic_file import is_temporary, publish, replacing, temporary_of
 
 
 def test_a_clean_write_replaces_the_file_whole(tmp_path):
@@ -102,3 +103,40 @@ def test_two_writes_in_a_row_each_replace_the_file(tmp_path):
         with replacing(path) as f:
             f.write(content)
     assert path.read_text() == "second" and sorted(os.listdir(tmp_path)) == ["input_pipelines.json"]
+
+
+def test_a_writer_may_name_its_own_temporary(tmp_path):
+    """One that a clean-up elsewhere knows, or one unique across hosts: it is used, and gone afterwards."""
+    path, temporary = tmp_path / "entry.pb.sha256", tmp_path / ".entry.pb.sha256.1a2b3c4d.tmp"
+    with replacing(path, temporary=temporary) as f:
+        f.write("{}")
+        assert sorted(os.listdir(tmp_path)) == [temporary.name]
+    assert path.read_text() == "{}" and sorted(os.listdir(tmp_path)) == ["entry.pb.sha256"]
+    with pytest.raises(OSError, match="No space left"):
+        with replacing(path, temporary=str(temporary)) as f:
+            f.write("half")
+            raise OSError(28, "No space left on device")
+    assert path.read_text() == "{}" and sorted(os.listdir(tmp_path)) == ["entry.pb.sha256"]
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_publish_renames_a_whole_file_over_its_place_flushing_it_first_when_asked(tmp_path, monkeypatch, fsync):
+    path, temporary = tmp_path / "checkpoint", tmp_path / "checkpoint.tmp0f"
+    path.write_text("the previous state")
+    temporary.write_text("the new state")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(atomic_file.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+                        or real_fsync(fd))
+    publish(temporary, path, fsync=fsync)
+    assert path.read_text() == "the new state" and sorted(os.listdir(tmp_path)) == ["checkpoint"]
+    assert synced == ([str(temporary)] if fsync else [])
+
+
+def test_a_publish_that_fails_removes_the_temporary_and_leaves_the_place_as_it_was(tmp_path):
+    path, temporary = tmp_path / "shard-00000-of-00001.tfrecord", tmp_path / "shard-00000-of-00001.tfrecord.tmp"
+    path.mkdir()  # a folder in the file's place: the rename fails
+    temporary.write_bytes(b"records")
+    with pytest.raises(IsADirectoryError):
+        publish(temporary, path)
+    assert sorted(os.listdir(tmp_path)) == [path.name] and path.is_dir()

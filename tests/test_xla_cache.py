@@ -1,6 +1,7 @@
 """XLA's persistent cache: a second process of the same shapes loads the program, other shapes compile their
 own, concurrent processes never see a half-written entry, and dead private folders are cleared."""
 import fcntl
+import logging
 import os
 import subprocess
 import sys
@@ -98,3 +99,156 @@ def test_the_users_own_cache_folder_is_left_as_it_is(tmp_path):
     assert process.returncode == 0, process.stderr[-2000:]
     assert process.stdout.splitlines() == ["None", mine]
     assert not (tmp_path / "home").exists()
+
+
+# A process that stands in for a jit_compile run without TensorFlow: it enables the cache, logs its notes, and
+# "compiles" the entry argv[2] (a whole protocol buffer, as TensorFlow writes) unless the cache seeded it; then it
+# publishes.
+FAKE_RUN = """
+import logging, sys
+from tf_harness.experiments import xla_cache
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stdout)
+shared = xla_cache.enable(sys.argv[1])
+xla_cache.report()
+entry = xla_cache._private / sys.argv[2]
+print("loaded" if entry.exists() else "compiled")
+if not entry.exists():
+    entry.write_bytes(bytes.fromhex(sys.argv[3]))
+print("published", xla_cache.publish())
+"""
+NAME = "tf2_21_0_123456789.pb"
+# Field 1 (the key), field 2 (the HLO module) and field 3 (the executable), each length-delimited.
+ENTRY = b"\x0a\x03key" + b"\x12\x08hlo-prog" + b"\x1a\x90\x03" + bytes(range(256)) * 1 + b"x" * 144
+
+
+def fake_run(cache, name=NAME, entry=ENTRY):
+    process = subprocess.run([sys.executable, "-u", "-c", FAKE_RUN, str(cache), name, entry.hex()], capture_output=True,
+                             text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != "TF_XLA_FLAGS"})
+    assert process.returncode == 0 and "Traceback" not in process.stderr, process.stderr[-3000:]
+    lines = process.stdout.splitlines()
+    logged = [line for line in lines if line.startswith(("INFO ", "WARNING "))]
+    return [line for line in lines if line not in logged], logged
+
+
+def shared_folder(cache):
+    (folder,) = [path for path in cache.glob("xla/tf-*/*") if path.is_dir()]
+    return folder
+
+
+def assert_whole(folder, name=NAME, entry=ENTRY):
+    """The shared entry `name` is `entry`, and its record says so."""
+    import hashlib
+    import json
+    assert (folder / name).read_bytes() == entry
+    assert json.loads((folder / f"{name}.sha256").read_text()) == {"bytes": len(entry),
+                                                                   "sha256": hashlib.sha256(entry).hexdigest()}
+
+
+def damage_entry(folder, damage):
+    entry, record = folder / NAME, folder / f"{NAME}.sha256"
+    size = entry.stat().st_size
+    if damage == "cut to half":
+        os.truncate(entry, size // 2)
+    elif damage == "emptied":
+        os.truncate(entry, 0)
+    elif damage == "written over at its size":
+        entry.write_bytes(os.urandom(size))
+    elif damage == "a folder in its place":
+        entry.unlink()
+        (entry / "inside").mkdir(parents=True)
+    elif damage == "its record missing":
+        record.unlink()
+    elif damage == "its record garbled":
+        record.write_text('{"bytes": ')
+    elif damage == "a link to elsewhere":
+        entry.unlink()
+        entry.symlink_to(folder.parent)
+
+
+@pytest.mark.parametrize("damage", ["cut to half", "emptied", "written over at its size", "a folder in its place",
+                                    "its record missing", "its record garbled", "a link to elsewhere"])
+def test_a_damaged_entry_is_named_once_removed_and_compiled_again(tmp_path, damage):
+    """TensorFlow fails the compile on an entry cut short ("Read less bytes than requested"): a damaged entry
+    never reaches a private folder. The run compiles its program again and publishes it whole."""
+    first, _ = fake_run(tmp_path)
+    assert first == ["compiled", "published 1"]
+    folder = shared_folder(tmp_path)
+    assert_whole(folder)
+    damage_entry(folder, damage)
+    second, logged = fake_run(tmp_path)
+    warnings = [line for line in logged if line.startswith("WARNING")]
+    assert len(warnings) == 1 and f"The cached XLA program {folder / NAME} " in warnings[0], logged
+    assert "removed it, this run compiles the program again" in warnings[0]
+    assert f"INFO XLA programs are cached in {folder} (0 there already)" in logged
+    assert second == ["compiled", "published 1"]
+    assert_whole(folder)  # repaired
+    third, logged = fake_run(tmp_path)
+    assert not [line for line in logged if line.startswith("WARNING")], logged
+    assert f"INFO XLA programs are cached in {folder} (1 there already)" in logged
+    assert third == ["loaded", "published 0"]
+    assert sorted(path.name for path in folder.iterdir()) == [NAME, f"{NAME}.sha256"]
+
+
+def test_an_entry_that_is_not_whole_is_not_published(tmp_path):
+    lines, logged = fake_run(tmp_path, entry=ENTRY[:len(ENTRY) // 2])
+    assert lines == ["compiled", "published 0"]
+    assert logged[-1].startswith("WARNING The compiled XLA program ") and logged[-1].endswith(
+        f"{NAME} is not a whole protocol buffer; not published"), logged
+    assert not list(shared_folder(tmp_path).iterdir())
+    assert fake_run(tmp_path)[0] == ["compiled", "published 1"]  # a whole one is, by the next run
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """This process's cache state pointed at a private and a shared folder, as `enable` leaves it."""
+    from tf_harness.experiments import xla_cache
+    private, shared = tmp_path / "shared" / ".job-test", tmp_path / "shared"
+    private.mkdir(parents=True)
+    monkeypatch.setattr(xla_cache, "_private", private)
+    monkeypatch.setattr(xla_cache, "_shared", shared)
+    (private / NAME).write_bytes(ENTRY)
+    return xla_cache
+
+
+def test_an_entry_another_process_is_publishing_is_left_to_it_and_a_dead_publishers_record_is_replaced(cache):
+    import time
+    record = cache._shared / f"{NAME}.sha256"
+    record.write_text('{"bytes": 1, "sha256": "another"}')  # another process's, between its record and its entry
+    assert cache.publish() == 0 and not (cache._shared / NAME).exists()
+    old = time.time() - cache.ORPHAN_AGE_S - 1
+    os.utime(record, (old, old))  # its publisher died before linking the entry
+    assert cache.publish() == 1
+    assert_whole(cache._shared)
+    assert not [path for path in cache._shared.iterdir() if path.name.endswith(".tmp")]
+
+
+def test_a_failure_to_publish_is_one_warning_not_an_error(cache, monkeypatch, caplog):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cache.os, "open", full)
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.xla_cache"):
+        assert cache.publish() == 0
+    assert [record.getMessage() for record in caplog.records] == [
+        f"Could not publish the compiled XLA programs to {cache._shared}: [Errno 28] No space left on device"]
+
+
+@pytest.mark.slow  # two trainer.jit_compile=true runs
+def test_a_run_on_an_entry_cut_to_half_compiles_it_again_with_one_warning(tmp_path):
+    import hashlib
+    import json
+    from tests.conftest import run_cli
+    args, env = ("dataset=lfw_pairs", "experiment=smoke", "trainer.jit_compile=true"), {
+        "HARNESS_CACHE": str(tmp_path / "cache")}
+    first = run_cli(*args, f"hydra.run.dir={tmp_path / 'first'}", env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (entry,) = (tmp_path / "cache").glob("xla/tf-*/*/*.pb")
+    os.truncate(entry, entry.stat().st_size // 2)
+    second = run_cli(*args, f"hydra.run.dir={tmp_path / 'second'}", env=env)
+    assert second.returncode == 0 and "Traceback" not in second.stderr, second.stderr[-3000:]
+    log = (tmp_path / "second" / "run.log").read_text()
+    warnings = [line for line in log.splitlines() if "[WARNING]" in line]
+    assert len(warnings) == 1 and f"The cached XLA program {entry} holds " in warnings[0], warnings
+    assert f"XLA programs are cached in {entry.parent} (0 there already)" in log
+    record = json.loads(entry.with_name(entry.name + ".sha256").read_text())  # repaired: whole, as recorded
+    assert record == {"bytes": entry.stat().st_size, "sha256": hashlib.sha256(entry.read_bytes()).hexdigest()}

@@ -9,7 +9,6 @@ host in the name are only for people reading the folder). Folders without a lock
 older release, or are being made this instant: they are removed only once an hour old, and only when they hold
 nothing but what a generation puts there, so a user's folder that happens to match a name is never removed.
 """
-import fcntl
 import logging
 import os
 import re
@@ -19,6 +18,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from tf_harness.data.integrity import locks
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +33,9 @@ UNOWNED_AGE_S = 3600
 
 
 def _try_lock(path: Path):
-    """The open lock file of the staging folder `path`, flocked by this process; None when another process holds
+    """The lock of the staging folder `path`, taken by this process (locks.Held); None when another process holds
     it. Raises FileNotFoundError when the folder has no lock file."""
-    lock = open(path / LOCK, "r+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        return None
-    return lock
+    return locks.take(path / LOCK, create=False)
 
 
 @contextmanager
@@ -51,8 +46,7 @@ def folder(parent: Path, name: str):
     lock = None
     try:
         # Locked under another name, then renamed: whoever finds a `.lock` finds it held.
-        lock = open(path / f"{LOCK}.new", "w")
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock = locks.take(path / f"{LOCK}.new", wait=True)  # a folder made this instant: nobody else holds it
         os.rename(path / f"{LOCK}.new", path / LOCK)
         yield path
     finally:

@@ -18,7 +18,7 @@ import tensorflow as tf
 from PIL import Image
 from tqdm import tqdm
 
-from tf_harness.data.integrity.atomic_file import is_temporary
+from tf_harness.data.integrity.atomic_file import is_temporary, publish
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.sources import TableRecords
@@ -122,7 +122,8 @@ def _examples(task, encoding, rows, skipped):
 
 
 def _write_shard(task, encoding, rows, path: Path, progress, skipped) -> dict:
-    """Writes one shard under a temporary name and renames it when whole."""
+    """Writes one shard under a temporary name and renames it when whole. The temporary is `<shard>.tmp`, not
+    atomic_file's own name: tf.io.TFRecordWriter takes a path, and the converter's clean-up knows this name."""
     tmp = path.with_name(path.name + ".tmp")
     count = 0
     with tf.io.TFRecordWriter(str(tmp)) as writer:
@@ -131,7 +132,7 @@ def _write_shard(task, encoding, rows, path: Path, progress, skipped) -> dict:
             count += 1
             progress.update(1)
     digest = sha256(tmp)
-    os.replace(tmp, path)
+    publish(tmp, path)
     return {"file": path.name, "count": count, "bytes": path.stat().st_size, "sha256": digest}
 
 

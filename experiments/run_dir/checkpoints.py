@@ -40,6 +40,8 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf import text_format
 
+from tf_harness.data.integrity import atomic_file
+
 log = logging.getLogger(__name__)
 
 STATE = "checkpoint"  # TensorFlow's state file in the checkpoint folder
@@ -194,7 +196,8 @@ def write_state(checkpoint_dir, latest=None) -> None:
     the state's last_preserved_timestamp, so that a tf.train.CheckpointManager created on it deletes none of them.
 
     Written only after checking each listed checkpoint's files, to a temporary file then moved into place
-    (os.replace), so the state file never names a checkpoint that is not there; removed when there is none."""
+    (atomic_file.publish), so the state file never names a checkpoint that is not there; removed when there is
+    none."""
     folder = Path(checkpoint_dir)
     state_file = folder / STATE
     names = [prefix.name for prefix in on_disk(folder).values() if missing_files(prefix) is None]
@@ -214,12 +217,10 @@ def write_state(checkpoint_dir, latest=None) -> None:
     try:
         with open(temporary, "w") as f:
             f.write(text_format.MessageToString(state))
-            f.flush()
-            os.fsync(f.fileno())
         if any(missing_files(folder / name) for name in names):  # deleted meanwhile: list what is there
             temporary.unlink()
             return write_state(folder, latest)
-        os.replace(temporary, state_file)
+        atomic_file.publish(temporary, state_file, fsync=True)
     finally:
         temporary.unlink(missing_ok=True)
 

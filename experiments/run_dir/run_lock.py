@@ -21,7 +21,6 @@ status lines reach stderr alone and the live run's `run.log` never reads as if i
 Nothing here imports TensorFlow, so the locks can be taken before it starts.
 """
 import atexit
-import fcntl
 import json
 import logging
 import os
@@ -30,14 +29,15 @@ import time
 from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
+from tf_harness.data.integrity import locks
 from tf_harness.experiments import strategies
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 EVAL_LOCK_NAME = ".eval-lock"  # mode=continuous_eval's, beside the trainer's
 
-# The locks this process holds: {lock file: open file descriptor}. Kept open for the
-# process's life; the next multirun job of the same process releases them first.
+# The locks this process holds: {lock file: locks.Held}. Kept for the process's life; the next multirun job of
+# the same process releases them first.
 _held = {}
 
 
@@ -79,20 +79,17 @@ def _take(run_dir, name, refusal) -> None:
     `refusal(run_dir, path, pid, host)` when another process holds it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / name
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
+    lock = locks.take(path)
+    if lock is None:
+        holder = _holder(path)
         leave_job_log(run_dir)  # the holder's log is not this process's to write in
-        raise ConfigError(refusal(run_dir, path, holder.get("pid", "?"), holder.get("host", "?"))) from None
+        raise ConfigError(refusal(run_dir, path, holder.get("pid", "?"), holder.get("host", "?")))
     # Overwrite whatever a dead holder left: the content only names the live holder.
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode() + b"\n")
-    os.fsync(fd)
-    _held[path.absolute()] = fd
+    os.ftruncate(lock.fd, 0)
+    os.write(lock.fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode() + b"\n")
+    os.fsync(lock.fd)
+    _held[path.absolute()] = lock
 
 
 def leave_job_log(run_dir) -> list:
@@ -107,10 +104,13 @@ def leave_job_log(run_dir) -> list:
     return left
 
 
-def _holder(fd) -> dict:
-    """The holder's record; it may be a moment from being written, so read a few times."""
+def _holder(path) -> dict:
+    """The holder's record in the lock file `path`; it may be a moment from being written, so read a few times."""
     for _ in range(20):
-        text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        try:
+            text = path.read_bytes()[:4096].decode(errors="replace").strip()
+        except OSError:
+            text = ""  # gone or unreadable this instant: the refusal names no holder rather than failing
         if text:
             try:
                 return json.loads(text)
@@ -123,16 +123,15 @@ def _holder(fd) -> dict:
 def release(keep=None) -> None:
     """Lets go of the lock(s) this process holds, but those of run directory `keep`. The file stays: unlinking a
     lock file lets a waiter lock the old file while a newcomer locks a new one."""
-    for path, fd in list(_held.items()):
+    for path, lock in list(_held.items()):
         if keep is not None and path.parent == Path(keep).absolute():
             continue
         del _held[path]
         try:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except OSError:  # the OS lets go of it as the descriptor closes
+            os.ftruncate(lock.fd, 0)
+        except OSError:  # a full or read-only disk: the lock is let go of all the same
             pass
-        os.close(fd)
+        lock.release()
 
 
 # A process that exits (not one that is killed) empties the lock files it held.

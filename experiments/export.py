@@ -33,8 +33,8 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2
 
-from tf_harness.data.errors import ConfigError
 from tf_harness.experiments.run_dir import checkpoints
+from tf_harness.experiments.run_dir.directory import no_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +164,7 @@ def export(task, trainer, run_dir):
         return None
     latest = run_dir.latest()
     if latest is None:
-        raise ConfigError(f"mode=export needs a checkpoint in {run_dir.checkpoint_dir}; train into that run "
-                          f"directory first (hydra.run.dir=...)")
+        raise no_checkpoint("export", run_dir.checkpoint_dir)
     trainer.checkpoint().restore(latest).expect_partial()
     export_dir = run_dir.model_dir / FOLDER
     target = export_dir / str(trainer.step)

@@ -32,15 +32,10 @@ def _label_text(label, spec):
     return spec.class_names[int(label[0])]
 
 
-def first_batch(iterator, preprocess, step):
-    """Takes the next training batch from `iterator` for display: (features, labels) as the train step at global
-    `step` sees them, augmented and normalised, and a one-batch iterator of the batch itself, for the first train
-    loop to train on. So what TensorBoard shows is what the model trained on, and the run's iterator, which a
-    checkpoint holds, has moved by exactly the batch trained."""
-    batch = next(iterator)
+def as_seen(batch, preprocess, step):
+    """A training batch as the train step at global `step` sees it: (features, augmented and normalised; labels)."""
     features, labels, _ = batch
-    shown = preprocess(features, training=True, step=tf.constant(step, tf.int64))
-    return shown, labels.numpy(), iter(tf.data.Dataset.from_tensors(batch))
+    return preprocess(features, training=True, step=tf.constant(step, tf.int64)), labels.numpy()
 
 
 def write_inputs(features, labels, spec, step):

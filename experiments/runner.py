@@ -1,7 +1,7 @@
 """train_and_evaluate: the main behind `python run.py`, and the controller that runs its mode.
 
-`run` reads top to bottom, in sections: settings, run directory (claim it, find the resume point), data,
-model, restore, loop, close. What it builds goes into one `Controller`, whose methods are the modes:
+`run` reads top to bottom, in sections: settings, run directory (claim it), data, model, restore (the resume
+point), loop, close. What it builds goes into one `Controller`, whose methods are the modes:
 train_and_evaluate, train, evaluate, predict, export and continuous_eval (the sidecar evaluator, which the
 same set-up serves on one device). Durability enters as named calls into experiments/run_dir/.
 """
@@ -24,7 +24,8 @@ from tf_harness.data.tfrecords.reader import check_shards
 from tf_harness.experiments import export, metrics, review, sidecar, strategies, warm_start, xla_cache
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import interrupts
-from tf_harness.experiments.run_dir.directory import RunDirectory, claim
+from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
+from tf_harness.experiments.schema import TRAINING_MODES
 from tf_harness.experiments.settings import Settings
 from tf_harness.experiments.startup import StartupClock
 from tf_harness.experiments.summaries import Summaries
@@ -43,9 +44,11 @@ def run(settings: Settings):
     model_dir = Path(HydraConfig.get().runtime.output_dir)
     evaluator = sidecar.wanted(settings)  # mode=continuous_eval, or TF_CONFIG's evaluator task
 
-    # Run directory: claim it, find the resume point ------------------------------------------------------------
+    # Run directory: claim it ------------------------------------------------------------------------------------
     # The trainer takes the run lock and clears a killed run's leftovers; the sidecar its own lock and eval.log.
-    # A start that could not go on is refused here, before anything is written.
+    # A start that could not go on is refused here, before anything is written. From here on SIGINT and SIGTERM
+    # end the run once what it did is saved (exit 130/143).
+    interrupts.install()
     if evaluator:
         sidecar.start(settings, model_dir)
     run_dir = claim(settings, model_dir, evaluator)
@@ -64,6 +67,8 @@ def run(settings: Settings):
         tf.config.experimental.enable_op_determinism()
     # The evaluator runs on one device, whatever the run trains with; TF_CONFIG was checked with the config.
     strategy = strategies.one_device() if evaluator else strategies.make_strategy(settings.strategy)
+    if evaluator:
+        log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
     if settings.pipeline.batch_size % strategy.num_replicas_in_sync:
         replicas = strategy.num_replicas_in_sync
         raise ConfigError(f"pipeline.batch_size={settings.pipeline.batch_size} does not divide across {replicas} "
@@ -105,7 +110,7 @@ def run(settings: Settings):
     # Restore: 1. the run's own newest restorable checkpoint, 2. trainer.init_checkpoint, 3. scratch ------------
     # Training restores its input iterator too; the sidecar restores each new checkpoint as it comes, and export
     # the one it writes out.
-    training = not evaluator and settings.mode in ("train_and_evaluate", "train")
+    training = not evaluator and settings.mode in TRAINING_MODES
     if training:
         iterator, manager = controller.resume()
     elif settings.mode in ("evaluate", "predict"):
@@ -120,6 +125,7 @@ def run(settings: Settings):
         {"evaluate": controller.evaluate, "predict": controller.predict, "export": controller.export}[settings.mode]()
 
     # Close ------------------------------------------------------------------------------------------------------
+    summaries.close()
     return controller.evaluator.last_values.get(metrics.headline(task.SPEC.task))
 
 
@@ -166,8 +172,7 @@ class Controller:
         """Restores the run's newest restorable checkpoint into the model (evaluate, predict, export)."""
         latest = self.run_dir.latest()
         if latest is None:
-            raise ConfigError(f"mode={self.settings.mode} needs a checkpoint in {self.run_dir.checkpoint_dir}; "
-                              f"train into that run directory first (hydra.run.dir=...)")
+            raise no_checkpoint(self.settings.mode, self.run_dir.checkpoint_dir)
         self.trainer.checkpoint().restore(latest).expect_partial()
         log.info("Restored %s (global step %d)", latest, self.trainer.step)
 
@@ -221,13 +226,11 @@ class Controller:
         # Loops end on every log, checkpoint and evaluation step, so these land as they would step by step.
         intervals = [trainer_settings.log_every, trainer_settings.checkpoint_every]
         intervals += [trainer_settings.eval_every] if evaluate else []
-        window = []
-        # The first batch trains alone, and TensorBoard shows it as the model sees it.
-        first = self._first_batch(iterator, step) if step < target else None
+        window, first = [], True
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
         try:
-            redo = 0 < step < target and step % trainer_settings.eval_every == 0 and not self.run_dir.evaluated(step)
-            if evaluate and redo:
+            if evaluate and 0 < step < target and step % trainer_settings.eval_every == 0 \
+                    and not self.run_dir.evaluated(step):
                 log.info("Redoing the evaluation at global step %d, which was interrupted", step)
                 self.evaluate()
             while step < target:
@@ -236,9 +239,11 @@ class Controller:
                 # A signal waits for the loop's end (experiments/run_dir/interrupts.py): the loop, its summary and
                 # its checkpoint are one unit, so no step is trained without its summary or saved half-logged.
                 with interrupts.deferred():
+                    source = iterator
+                    if first:  # the first batch trains alone, and TensorBoard shows it as the model sees it
+                        source, length, first = self._first_batch(iterator, step), 1, False
                     with profiler.step(step):
-                        loop = trainer.train_loop(first or iterator, 1 if first else length)
-                    first = None
+                        loop = trainer.train_loop(source, length)
                     step = self._after_loop(loop, window, manager, progress)
                 if evaluate and step % trainer_settings.eval_every == 0 and step < target:
                     self.evaluate()
@@ -266,13 +271,13 @@ class Controller:
             self.evaluate()
 
     def _first_batch(self, iterator, step):
-        """The next training batch as a one-batch iterator for the first loop, shown in TensorBoard as the model
-        sees it (experiments/review.py); None when this process writes no summaries."""
-        if not self.writes:
-            return None
-        features, labels, batch = review.first_batch(iterator, self.trainer.preprocess, step)
-        self.summaries.inputs(features, labels, self.spec, step)
-        return batch
+        """The next training batch, as a one-batch iterator for the first loop, on every training process alike (the
+        steps are collective). Where this process writes the run's summaries, TensorBoard shows it as the model sees
+        it at global `step`. The run's iterator, which checkpoints hold, moves by exactly the batch trained."""
+        batch = next(iterator)
+        if self.writes:
+            self.summaries.inputs(*review.as_seen(batch, self.trainer.preprocess, step), self.spec, step)
+        return iter(tf.data.Dataset.from_tensors(batch))
 
     def _after_loop(self, loop, window, manager, progress):
         """Logs, checks and saves what a train loop did; returns the global step it reached."""

@@ -144,7 +144,11 @@ SERVICE = _with_null(Key("grpc://host:port (a port in 1..65535)", _is_service_ad
 IMAGE_SIZE = Key("an integer >= 1 (a square side) or [height, width]",
                  lambda value: integer(1).accepts(value) or integers(1, length=2).accepts(value))
 
-MODES = ("train_and_evaluate", "train", "evaluate", "predict", "export", "continuous_eval")
+TRAINING_MODES = ("train_and_evaluate", "train")
+EVALUATION_MODES = ("evaluate", "predict", "export")  # read a checkpoint of a recorded run
+SIDECAR_MODE = "continuous_eval"  # experiments/sidecar.py
+MODES = (*TRAINING_MODES, *EVALUATION_MODES, SIDECAR_MODE)
+EVALUATING_MODES = ("train_and_evaluate", "evaluate", SIDECAR_MODE)  # a job of these reports a validation metric
 # The strategies (conf/strategy/<name>.yaml, experiments/strategies.py), each with the keys only it has.
 STRATEGY_KEYS = {"auto": {}, "one_device": {}, "mirrored": {"strategy.logical_cpus": integer(1)}, "multi_worker": {}}
 

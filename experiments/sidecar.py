@@ -33,10 +33,11 @@ from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.experiments import strategies
+from tf_harness.experiments.schema import SIDECAR_MODE
 from tf_harness.experiments.run_dir import reentry, run_lock
 
 log = logging.getLogger(__name__)
-MODE = "continuous_eval"
+MODE = SIDECAR_MODE
 LOG_NAME = "eval.log"
 POLL_SECONDS = 1.0  # how often the checkpoint folder is listed while there is nothing new to evaluate
 

@@ -31,6 +31,10 @@ class Summaries:
         self.writers = {split: file_writer(os.path.join(model_dir, split)) if split in splits
                         else tf.summary.create_noop_writer() for split in ("train", "validation")}
 
+    def close(self):
+        for writer in self.writers.values():
+            writer.close()
+
     def scalars(self, split, values: dict, step: int):
         with self.writers[split].as_default(step=step):
             for tag, value in values.items():

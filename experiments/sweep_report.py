@@ -36,14 +36,13 @@ from omegaconf import OmegaConf
 
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments import hparams
+from tf_harness.experiments.schema import EVALUATING_MODES
 
 log = logging.getLogger(__name__)
 OUTCOME = "job_outcome.json"
 # What a job_outcome.json holds: key -> the types its value may have.
 FIELDS = {"status": (int,), "error": (str, type(None)), "job": (int,), "overrides": (list,), "run_dir": (str,),
           "metric": (str, type(None)), "value": (int, float, type(None))}
-# The modes whose job reports the headline metric of its run's last evaluation.
-EVALUATING = ("train_and_evaluate", "evaluate", "continuous_eval")
 
 
 def outcome_of(job_return) -> dict:
@@ -75,7 +74,7 @@ def with_recorded_metric(config, run_dir: Path, outcome) -> dict:
     """`outcome`, its value the headline metric in the run's metrics.json where the job succeeded in a mode that
     evaluates without returning one: its run's last evaluation was done before it (a re-entry with nothing left to
     train resumes past it, a sidecar finds every checkpoint evaluated), so the job reports that evaluation's."""
-    if outcome["value"] is not None or outcome["status"] or config.get("mode") not in EVALUATING:
+    if outcome["value"] is not None or outcome["status"] or config.get("mode") not in EVALUATING_MODES:
         return outcome
     try:
         values = json.loads((run_dir / "metrics.json").read_text())

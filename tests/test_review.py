@@ -39,7 +39,9 @@ def test_training_inputs_show_both_images_of_a_pair_side_by_side_with_their_labe
 
 
 def test_training_inputs_come_augmented_and_normalised_from_the_first_batch_the_run_trains_on():
-    from tf_harness.experiments import review
+    from types import SimpleNamespace
+
+    from tf_harness.experiments.runner import Controller
     cfg = compose("dataset=lfw_pairs", "experiment=smoke")
     preprocess = Settings.from_config(cfg).preprocessing()
     iterator = iter(make_input(cfg, tables_of(cfg)["train"], training=True, split="train"))
@@ -47,7 +49,12 @@ def test_training_inputs_come_augmented_and_normalised_from_the_first_batch_the_
     expected = iter(make_input(cfg, tables_of(cfg)["train"], training=True, split="train"))
     next(expected)
     (expected_a, _), expected_labels, _ = next(expected)
-    features, labels, trained = review.first_batch(iterator, preprocess, step=0)
+    shown = []
+    controller = SimpleNamespace(writes=True, trainer=SimpleNamespace(preprocess=preprocess), spec=task_of(cfg).SPEC,
+                                 summaries=SimpleNamespace(inputs=lambda *args: shown.append(args)))
+    trained = Controller._first_batch(controller, iterator, 0)
+    ((features, labels, _, step),) = shown
+    assert step == 0
     assert len(features) == 2 and features[0].shape == (4, 32, 32, 3) and features[0].dtype == tf.float32
     assert len(labels) == 4
     # unit_range, not uint8: what the model sees.
@@ -63,6 +70,9 @@ def test_training_inputs_come_augmented_and_normalised_from_the_first_batch_the_
     # Another step draws another augmentation.
     other_step = preprocess((images_a, images_a), training=True, step=tf.constant(7, tf.int64))[0]
     assert not np.allclose(other_step.numpy(), features[0].numpy())
+    # A process that writes no summaries (a multi_worker run's other workers) trains on the same one batch first.
+    quiet = SimpleNamespace(**{**vars(controller), "writes": False})
+    assert len(list(Controller._first_batch(quiet, iterator, 0))) == 1 and len(shown) == 1
 
 
 def pr_tags(tags, accumulator):

@@ -6,9 +6,16 @@ import shutil
 from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments.run_dir import checkpoints, input_record, interrupts, leftovers, reentry, run_lock
+from tf_harness.experiments.run_dir import checkpoints, input_record, leftovers, reentry, run_lock
+from tf_harness.experiments.schema import EVALUATION_MODES
 
 log = logging.getLogger(__name__)
+
+
+def no_checkpoint(mode, checkpoint_dir) -> ConfigError:
+    """The refusal of a mode that reads a checkpoint where there is none."""
+    return ConfigError(f"mode={mode} needs a checkpoint in {checkpoint_dir}; train into that run directory first "
+                       f"(hydra.run.dir=...)")
 
 
 def claim(settings, model_dir, evaluator=False) -> "RunDirectory":
@@ -17,18 +24,15 @@ def claim(settings, model_dir, evaluator=False) -> "RunDirectory":
     A trainer (or evaluate, predict, export) takes the run lock (exit 2 naming its holder), removes what a killed
     run left behind, and refuses a start that could not go on: an evaluation without a checkpoint, checkpoints
     none of which can be restored or one that training would overwrite. The sidecar evaluator has taken its own
-    lock already (experiments/sidecar.py `start`) and only reads. From here on SIGINT and SIGTERM save a
-    checkpoint, then exit 130/143.
+    lock already (experiments/sidecar.py `start`) and only reads.
     """
-    interrupts.install()
     model_dir = Path(model_dir)
     if not evaluator:
         if run_lock.hold(model_dir):  # only the holder may clean up
             leftovers.remove(model_dir)
-        if settings.mode in reentry.EVALUATION_MODES and not any((model_dir / "checkpoints").glob("ckpt-*.index")):
+        if settings.mode in EVALUATION_MODES and not checkpoints.on_disk(model_dir / "checkpoints"):
             # A directory with no checkpoint must not become a recorded run of this mode.
-            raise ConfigError(f"mode={settings.mode} needs a checkpoint in {model_dir / 'checkpoints'}; train into "
-                              f"that run directory first (hydra.run.dir=...)")
+            raise no_checkpoint(settings.mode, model_dir / "checkpoints")
         checkpoints.check_before_start(model_dir / "checkpoints", settings.mode, settings.trainer.train_steps,
                                        reentry.has_hparams(model_dir))
     return RunDirectory(model_dir)
@@ -52,6 +56,9 @@ class RunDirectory:
         self.chief = worker is None
         self.save_dir = self.checkpoint_dir if self.chief else self.model_dir / f".worker-{worker}-checkpoints"
 
+    def checkpoint_path(self, step) -> str:
+        return str(self.save_dir / f"{checkpoints.PREFIX}-{step}")
+
     def latest(self, whole=False):
         """The newest checkpoint in the run directory (the chief's, for every worker) whose files are all there
         and whose tensors are all finite, found from its files; None when none. `whole`: every tensor reads back,
@@ -62,9 +69,6 @@ class RunDirectory:
         """Where a stopped run can be resumed from, for its error line."""
         latest = self.latest()
         return "no checkpoint to resume from" if latest is None else f"last checkpoint: {latest}"
-
-    def checkpoint_path(self, step) -> str:
-        return str(self.save_dir / f"{checkpoints.PREFIX}-{step}")
 
     def evaluated(self, step) -> bool:
         """Whether metrics.json holds an evaluation at `step`, so an interrupted one is redone and a done one not."""

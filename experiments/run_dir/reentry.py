@@ -46,6 +46,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from tf_harness.experiments.schema import EVALUATION_MODES
+
 log = logging.getLogger(__name__)
 
 SAVED = Path(".hydra") / "config.yaml"
@@ -57,7 +59,6 @@ RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eva
 # May change in these modes only: the checkpoint does not depend on them, but training's saved input
 # iterator depends on the batch size, and training holds the evaluation pairs' people out.
 EVALUATION_KEYS = ("pipeline.batch_size", "dataset.eval_pairs", "dataset.fold")
-EVALUATION_MODES = ("evaluate", "predict", "export")
 
 
 def _grouped(keys) -> str:

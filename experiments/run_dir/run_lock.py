@@ -84,6 +84,8 @@ def _take(run_dir, name, refusal) -> None:
         holder = _holder(path)
         leave_job_log(run_dir)  # the holder's log is not this process's to write in
         raise ConfigError(refusal(run_dir, path, holder.get("pid", "?"), holder.get("host", "?")))
+    if not _held:
+        atexit.register(release)  # a process that exits (not one that is killed) empties the lock files it held
     # Overwrite whatever a dead holder left: the content only names the live holder.
     os.ftruncate(lock.fd, 0)
     os.write(lock.fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
@@ -133,6 +135,3 @@ def release(keep=None) -> None:
             pass
         lock.release()
 
-
-# A process that exits (not one that is killed) empties the lock files it held.
-atexit.register(release)

@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tf_harness.data.input_fn import Pipeline
+from tf_harness.experiments.settings import Settings
 from tf_harness.experiments.trainer import Trainer
 from tests.conftest import compose, make_input, tables_of
 
@@ -62,7 +63,7 @@ def test_no_python_runs_per_example(cfg, tables):
 def test_train_and_eval_steps_are_traced_once_across_epochs_and_evaluations(cfg, tables):
     from tf_harness.data.chest_xray import SPEC
     # Any model shows the retracing; the semi-AlexNet traces in a fraction of ResNet-50's time.
-    trainer = Trainer(compose(*OVERRIDES, "model=semi_alexnet"), SPEC, tf.distribute.get_strategy(), (32, 32))
+    trainer = Trainer(Settings.from_config(compose(*OVERRIDES, "model=semi_alexnet")), SPEC, tf.distribute.get_strategy(), (32, 32))
     train = iter(make_input(cfg, tables["train"], training=True, split="train"))
     validation = make_input(cfg, tables["validation"], training=False, split="validation")
     steps_per_epoch = len(tables["train"]) // 8

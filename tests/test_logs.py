@@ -142,11 +142,15 @@ def test_a_config_error_in_a_folder_that_existed_leaves_it_and_its_files(tmp_pat
     assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "run.log").is_file()
 
 
-def test_two_input_pipelines_are_built_before_the_first_step_and_the_inputs_image_is_its_batch(smoke):
-    """Validation and training: TensorBoard's training inputs come from the training iterator itself."""
+def test_the_train_pipeline_is_built_before_the_first_step_the_validation_one_at_the_first_evaluation(smoke):
+    """Training first, validation when the first evaluation needs it: TensorBoard's training inputs come from the
+    training iterator itself."""
     run_dir, output = smoke
     before_first_step = output[:output.index("Time to the first step")]
-    assert re.findall(r"Built the (\w+) input pipeline", before_first_step) == ["validation", "train"], output[-3000:]
+    assert re.findall(r"Built the (\w+) input pipeline", before_first_step) == ["train"], output[-3000:]
+    before_evaluation = output[:output.index("Evaluation at global step")]
+    assert re.findall(r"Built the (\w+) input pipeline", before_evaluation) == ["train", "validation"], \
+        output[-3000:]
     from tests.conftest import event_tags
     _, tags = event_tags(run_dir / "train")
     assert "inputs" in tags

@@ -1,7 +1,8 @@
 """train_and_evaluate: the main behind `python run.py`, and the controller that runs its mode.
 
 `run` reads top to bottom, in sections: settings, run directory (claim it, find the resume point), data,
-model, restore, loop, close. What it builds goes into one `Controller`, whose methods are the modes:
+model, the run's first files, restore, loop, close. What it builds goes into one `Controller`, whose methods are the
+modes:
 train_and_evaluate, train, evaluate, predict, export and continuous_eval (the sidecar evaluator, which the
 same set-up serves on one device). Durability enters as named calls into experiments/run_dir/.
 """
@@ -88,14 +89,20 @@ def run(settings: Settings):
         tables = drop_undecodable(tables, skipped)
         clock.lap("verify")
     check_shards(task, tables, pipeline.tfrecord, "evaluate" if evaluator else settings.mode, skipped)
+
+    # Model: network, optimizer and global step ---------------------------------------------------------------
+    # Built before the run directory holds anything of this run but Hydra's files and the lock, so that a model
+    # this config cannot build, or a warm start none of whose variables fit it, is a config error leaving no folder.
+    trainer = Trainer(settings, task.SPEC, strategy, task.decode.size)
+    clock.lap("build")
+    if not evaluator:
+        warm_start.check_fit(settings, run_dir.checkpoint_dir, trainer.model)
+
+    # The run's first files: skipped.csv, then the HParams record ---------------------------------------------
     writes = chief and not evaluator  # skipped.csv and train/ are the trainer's; the sidecar writes validation/
     if writes:
         skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
     check_skipped(tables, skipped, settings.dataset.max_skipped_fraction)  # after: its error points at skipped.csv
-
-    # Model: network, optimizer and global step ---------------------------------------------------------------
-    trainer = Trainer(settings, task.SPEC, strategy, task.decode.size)
-    clock.lap("build")
     summaries = Summaries(str(model_dir), ("train", "validation") if writes else ("validation",) if evaluator else ())
     if writes:
         summaries.hparams(settings, task.SPEC.task, HydraConfig.get())

@@ -37,9 +37,11 @@ def replacing(path, mode: str = "w", **open_kwargs):
         with open(temporary, mode, **open_kwargs) as file:
             yield file
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         try:
             temporary.unlink(missing_ok=True)
         except OSError:
             pass  # a folder gone read-only, say: the error that got here is the one to report
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)  # a full disk fails the write or the close, which name no file
         raise

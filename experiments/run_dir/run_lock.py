@@ -88,10 +88,14 @@ def _take(run_dir, name, refusal) -> None:
         leave_job_log(run_dir)  # the holder's log is not this process's to write in
         raise ConfigError(refusal(run_dir, path, holder.get("pid", "?"), holder.get("host", "?"))) from None
     # Overwrite whatever a dead holder left: the content only names the live holder.
-    os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode() + b"\n")
-    os.fsync(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode() + b"\n")
+        os.fsync(fd)
+    except OSError as error:  # a full disk: os.write names no file, and the error line should
+        os.close(fd)
+        raise OSError(error.errno, error.strerror, str(path)) from None
     _held[path.absolute()] = fd
 
 

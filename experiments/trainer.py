@@ -126,13 +126,16 @@ def _plain(value):
 # Keras wraps a layer's error in lines of its own: which layer was called, with which arguments, in ANSI bold.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CALLING = re.compile(r"Exception encountered when calling (?:layer )?['\"]?(\w+)")
+_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}")
 
 
 def keras_reason(error) -> str:
     """The one line of what Keras or TensorFlow says went wrong: the layer it names, then its reason, without the
     arguments it dumps."""
     if isinstance(error, (MemoryError, tf.errors.ResourceExhaustedError)):
-        return f"out of memory ({(str(error).strip().splitlines() or [type(error).__name__])[0][:200]})"
+        # TensorFlow's: `{{function_node ...}} OOM when allocating tensor with shape[...] and type float on /job:...`
+        text = _FUNCTION_NODE.sub("", (str(error).strip().splitlines() or [""])[0]).split(" on /job:")[0].strip()
+        return f"out of memory ({text or type(error).__name__})"
     lines = [_ANSI.sub("", line).strip() for line in str(error).splitlines()]
     layer = next((match[1] for line in lines if (match := _CALLING.search(line))), None)
     reason = []

@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 import warnings
+from pathlib import Path
 
 # First of the project: its clock times the start-up from here, within milliseconds of the interpreter's start.
 from tf_harness.experiments import startup  # isort: skip
@@ -139,19 +140,25 @@ def _closing(status, outcome) -> str:
 _existing_run_dir = None
 
 
-def _failed(line, status, ran=True) -> Outcome:
-    """One job failed: one line on stderr; run.log gets it and its closing line. A config error in a run
-    directory this process created removes it. Returns the job's outcome (`ran`: see Outcome)."""
+def _failed(line, status, ran=True, discard=None) -> Outcome:
+    """One job failed: one line on stderr; run.log gets it and its closing line. A config error (or, with
+    `discard`, an OS failure) in a run directory this process created, before the run wrote anything of its own
+    there, removes it. Returns the job's outcome (`ran`: see Outcome)."""
     interrupts.finished()  # this status is the job's: a signal from here on changes nothing
     print(line, file=sys.stderr)
     _to_run_log(line, _closing(status, "stopped by a config error" if status == 2 else "failed"))
     note_status(status)
-    if status == 2:
+    if status == 2 if discard is None else discard:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:  # a sweep's jobs keep their record
             reentry.discard_failed_start(HydraConfig.get().runtime.output_dir, _existing_run_dir)
     return Outcome(None, status, line, ran)
+
+
+def _resumable(run_dir) -> bool:
+    """Whether `run_dir` holds a checkpoint that the same command resumes from (the advice on a full disk)."""
+    return run_dir is not None and any((Path(run_dir) / "checkpoints").glob("ckpt-*.index"))
 
 
 def guarded(task, cfg, problem) -> Outcome:
@@ -192,10 +199,13 @@ def guarded(task, cfg, problem) -> Outcome:
         return _failed(f"error: {_one_line(error)}", 1, ran=not getattr(error, "before_start", False))
     except Exception as error:
         # A full disk, a read-only folder, a path too long; or a disk cache damaged since it was checked.
-        line = os_errors.describe(error) or next(filter(None, map(caching.damaged, os_errors.chain(error))), None)
+        from hydra.core.hydra_config import HydraConfig
+        run_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
+        line = (os_errors.describe(error, resumable=_resumable(run_dir))
+                or next(filter(None, map(caching.damaged, os_errors.chain(error))), None))
         if line is None:
             raise
-        return _failed(f"error: {line}", 1)
+        return _failed(f"error: {line}", 1, discard=True)  # a start that wrote nothing of its own leaves no folder
     interrupts.raise_held()  # a signal that landed in a finalizer (tqdm's __del__, say) stops the run here
     interrupts.finished()  # the run has finished: a signal from here on changes nothing (docs/run-directory.md)
     _to_run_log(_closing(0, "finished"), level=logging.INFO)  # an ERROR tag on success would send readers hunting
@@ -228,9 +238,13 @@ def exit_code(main) -> int:
                     _closing(status, f"interrupted{f' by {error}' if str(error) else ''}"))
         return status
     except Exception as error:
-        line = os_errors.describe(error)  # Hydra's own writes: the run directory, .hydra/, run.log
+        # Hydra's own writes: the run directory, run.log, .hydra/ (whose failed write names no file).
+        run_dir, record = reentry.newest_record_folder()
+        line = os_errors.describe(error, where=record, resumable=_resumable(run_dir))
         if line is not None:
             print(f"error: {line}", file=sys.stderr)
+            if run_dir is not None and not any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
+                reentry.discard_failed_start(run_dir, _existing_run_dir)  # nothing of the run is there yet
             return 1
         # A bug: Python prints the traceback; run.log still says what happened.
         _to_run_log(f"error: {type(error).__name__}: {_one_line(error)}", _closing(1, "failed (traceback on stderr)"))

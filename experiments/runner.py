@@ -93,14 +93,19 @@ def run(settings: Settings):
         tables = drop_undecodable(tables, skipped)
         clock.lap("verify")
     check_shards(task, tables, pipeline.tfrecord, "evaluate" if evaluator else settings.mode, skipped)
+
+    # Model: network, optimizer and global step ---------------------------------------------------------------
+    # Built before the run directory holds anything of this run but Hydra's files and the lock, so that a model
+    # this config cannot build, or a warm start none of whose variables fit it, is a config error leaving no folder.
+    trainer = Trainer(settings, task.SPEC, strategy, task.decode.size)
+    clock.lap("build")
+    if not evaluator:
+        warm_start.check_fit(settings, run_dir.checkpoint_dir, trainer.model)
+    # The run's first files, once the model is built: skipped.csv, then the HParams record.
     writes = chief and not evaluator  # skipped.csv and train/ are the trainer's; the sidecar writes validation/
     if writes:
         skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
     check_skipped(tables, skipped, settings.dataset.max_skipped_fraction)  # after: its error points at skipped.csv
-
-    # Model: network, optimizer and global step ---------------------------------------------------------------
-    trainer = Trainer(settings, task.SPEC, strategy, task.decode.size)
-    clock.lap("build")
     summaries = Summaries(str(model_dir), ("train", "validation") if writes else ("validation",) if evaluator else ())
     if writes:
         summaries.hparams(settings, task.SPEC.task, HydraConfig.get())

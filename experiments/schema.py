@@ -34,7 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tf_harness.data import INPUTS, TASKS
 from tf_harness.data.tfrecords.layout import ENCODINGS
-from tf_harness.models import BUILDERS, MERGES
+from tf_harness.models import BUILDERS, MERGES, smallest_side
 from tf_harness.experiments import graph_optimizer
 
 MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
@@ -351,7 +351,21 @@ def _combinations(cfg) -> str | None:
         fitting = sorted(name for name in BUILDERS if model_inputs(name) == wanted)
         return (f"model={cfg.model.name} takes {cfg.model.inputs} images but dataset={cfg.dataset.name} gives "
                 f"{wanted} images; choose one of {'|'.join(fitting)}")
-    return None
+    return _too_small(cfg)
+
+
+def _too_small(cfg) -> str | None:
+    """pipeline.image_size below the smallest side the model's network takes (models/__init__.py `smallest_side`).
+    The model is built before training too (experiments/trainer.py `build_model`): what cannot be stated here
+    without TensorFlow is refused there."""
+    size = OmegaConf.to_container(cfg.pipeline, resolve=True)["image_size"]
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    side, keys, why = smallest_side(cfg.model.name, model)
+    if min(size if isinstance(size, list) else [size]) >= side:
+        return None
+    settings = "".join(f"{' with' if i == 0 else ','} model.{key}={show(model[key])}" for i, key in enumerate(keys))
+    return (f"pipeline.image_size={show(size)} is too small for model={cfg.model.name}{settings}: it takes at least "
+            f"{side}x{side} ({why})")
 
 
 def worker_count(cluster) -> int:

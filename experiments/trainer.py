@@ -10,6 +10,7 @@ wait for it is timed (input_wait_fraction): experiments/loop_input.py.
 """
 import dataclasses
 import logging
+import re
 import time
 
 import keras
@@ -97,6 +98,53 @@ def resolve_fetch_ahead(fetch_ahead, replicas) -> bool:
     return accelerated() and replicas == 1
 
 
+def build_model(settings, spec, image_size) -> keras.Model:
+    """The network of model=<name> for `image_size` (height, width) images of `spec`. Raises ConfigError, naming the
+    model's keys and pipeline.image_size, when Keras or TensorFlow cannot build it so: experiments/schema.py refuses
+    the sizes it can state without TensorFlow, and this refuses the rest before the run writes anything."""
+    try:
+        return BUILDERS[settings.model.name](settings.model, spec, image_size)
+    except (ValueError, MemoryError, tf.errors.ResourceExhaustedError) as error:
+        from tf_harness.experiments.schema import show
+
+        model = settings.model
+        keys = ", ".join(f"model.{key}={show(_plain(model[key]))}" for key in BUILDERS.options(model.name)
+                         if key in model)
+        shape = "x".join(map(str, (*image_size, spec.channels)))
+        raise ConfigError(f"model={model.name}{f' ({keys})' if keys else ''} cannot be built for "
+                          f"pipeline.image_size={show(_plain(settings.pipeline.image_size))} ({shape} images): "
+                          f"{keras_reason(error)}") from None
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+# Keras wraps a layer's error in lines of its own: which layer was called, with which arguments, in ANSI bold.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CALLING = re.compile(r"Exception encountered when calling (?:layer )?['\"]?(\w+)")
+_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}")
+
+
+def keras_reason(error) -> str:
+    """The one line of what Keras or TensorFlow says went wrong: the layer it names, then its reason, without the
+    arguments it dumps."""
+    if isinstance(error, (MemoryError, tf.errors.ResourceExhaustedError)):
+        # TensorFlow's: `{{function_node ...}} OOM when allocating tensor with shape[...] and type float on /job:...`
+        text = _FUNCTION_NODE.sub("", (str(error).strip().splitlines() or [""])[0]).split(" on /job:")[0].strip()
+        return f"out of memory ({text or type(error).__name__})"
+    lines = [_ANSI.sub("", line).strip() for line in str(error).splitlines()]
+    layer = next((match[1] for line in lines if (match := _CALLING.search(line))), None)
+    reason = []
+    for line in lines:
+        if line.startswith("Arguments received by"):
+            break
+        if line and not _CALLING.search(line):
+            reason.append(line)
+    text = " ".join(reason) or type(error).__name__
+    return f"{layer}: {text}" if layer else text
+
+
 def _is_float(variable):
     return tf.as_dtype(variable.dtype).is_floating
 
@@ -145,7 +193,7 @@ class Trainer:
         self.mixed_precision = settings.pipeline.dtype == "float16"
         self.preprocess = settings.preprocessing()
         with strategy.scope():
-            self.model = BUILDERS[settings.model.name](settings.model, spec, image_size)
+            self.model = build_model(settings, spec, image_size)
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
             self.optimizer = _optimizer(settings.trainer, self.global_step)
             if self.mixed_precision:

@@ -15,10 +15,12 @@ the variable's first path from the root (`optimizer/_trainable_variables/3/...` 
 `model/_operations/6/...` for a batch-norm statistic), numbered by the order of the layers and the optimizer's
 variables, which another model's checkpoint does not share. Dropout's random state is not a weight and is left out.
 
-A variable that does not match is never an error: every one left out, for its name, its shape or init_exclude, is
+A variable that does not match is not an error: every one left out, for its name, its shape or init_exclude, is
 listed in one log line (`summary`). An init checkpoint that is missing or cannot be read is a config error (exit 2)
-found before the run writes anything (`check`). The runner's `_resume_training` holds the resume policy that decides
-when a warm start applies (`start`).
+found before the run writes anything (`check`), and so is one of which no variable fits the model (`check_fit`, once
+the model is built): such a warm start would train from scratch while the user believes otherwise, a checkpoint of
+another dataset's model, say. The runner's `Controller.resume` holds the resume policy that decides when a warm start
+applies (`start`).
 """
 import logging
 import re
@@ -88,6 +90,38 @@ def check(settings, checkpoint_dir) -> None:
     if init and settings.mode in TRAINING_MODES and not checkpoints.on_disk(checkpoint_dir):
         _exclude(settings)
         stored_variables(resolve(init))
+
+
+def check_fit(settings, checkpoint_dir, model) -> None:
+    """Once the model is built, before the run writes anything: raises ConfigError when a warm start `check` lets
+    through would restore none of `model`'s variables (none matches one of the checkpoint's by name and shape, or
+    trainer.init_exclude leaves out every one that does)."""
+    init = settings.trainer.get("init_checkpoint")
+    if not init or settings.mode not in TRAINING_MODES or checkpoints.on_disk(checkpoint_dir):
+        return
+    prefix, exclude = resolve(init), _exclude(settings)
+    stored, variables = stored_variables(prefix), _variables(model)
+    result = plan(variables, stored, exclude)
+    if result.restored:
+        return
+    left_out = [f"{len(result.shape)} differ in shape", f"{len(result.missing)} are not in the checkpoint"]
+    left_out += [f"{len(result.excluded)} are excluded by trainer.init_exclude={exclude}"] if result.excluded else []
+    raise ConfigError(
+        f"trainer.init_checkpoint={init}: none of the {result.total} variables of model={settings.model.name} matches "
+        f"one in {prefix} by name and shape ({', '.join(left_out)}; the checkpoint holds "
+        f"{_first([entry.name for entry in stored]) or 'no model variable'}, the model "
+        f"{_first([variable.path for variable in variables])}): it would train from scratch; name a checkpoint of "
+        f"this model's layers, or set trainer.init_checkpoint=null")
+
+
+def _first(names, count=3) -> str:
+    return ", ".join(names[:count]) + (", ..." if len(names) > count else "")
+
+
+def _variables(model) -> list:
+    """The model's variables a warm start restores: its weights and batch-norm statistics, not Dropout's random
+    state."""
+    return [variable for variable in model.variables if not variable.path.endswith(_RANDOM_STATE)]
 
 
 def _exclude(settings):
@@ -182,8 +216,7 @@ def plan(variables, stored, exclude=None) -> Plan:
 
 def restore(model, prefix, exclude=None) -> Plan:
     """Restores into `model` its variables that match the checkpoint at `prefix` (`plan`); logs `summary`."""
-    variables = [variable for variable in model.variables if not variable.path.endswith(_RANDOM_STATE)]
-    result = plan(variables, stored_variables(prefix), exclude)
+    result = plan(_variables(model), stored_variables(prefix), exclude)
     reader = tf.train.load_checkpoint(prefix)
     for variable, entry in result.restored:
         variable.assign(np.asarray(reader.get_tensor(entry.key)).astype(variable.dtype))

@@ -20,7 +20,8 @@ INPUTS, OPTIONS = SIAMESE_CNN.inputs, SIAMESE_CNN.options
 
 
 def conv_stack(widths, name) -> keras.Sequential:
-    """Conv/BatchNorm/ReLU/MaxPool blocks, then global average pooling."""
+    """Conv/BatchNorm/ReLU/MaxPool blocks, then global average pooling. Each block's 2x2 pool halves the image,
+    rounding down, so it takes at least 2**len(widths) pixels a side (declared in models/__init__.py)."""
     layers = []
     for k, width in enumerate(widths):
         layers += [keras.layers.Conv2D(width, 3, padding="same", use_bias=False, name=f"conv{k}"),

@@ -97,6 +97,16 @@ def test_config_errors_exit_2_with_one_line(tmp_path, override, named):
     assert last.startswith("config error:") and named in last
 
 
+def test_an_image_size_the_model_cannot_take_exits_2_in_one_line_and_leaves_no_folder(tmp_path):
+    result = run_cli("dataset=lfw_pairs", "experiment=smoke", "pipeline.image_size=4",
+                     f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip() == (
+        "config error: pipeline.image_size=4 is too small for model=siamese_cnn with model.widths=[16,32,64]: it takes "
+        "at least 8x8 (each of its 3 conv blocks halves the image with a 2x2 max-pool)")
+    assert not (tmp_path / "run").exists()
+
+
 def test_batch_that_does_not_divide_across_replicas_exits_2(tmp_path):
     result = run_cli(*TINY, "strategy=mirrored", "pipeline.batch_size=3", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2 and "Traceback" not in result.stderr

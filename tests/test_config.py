@@ -159,6 +159,14 @@ def test_every_leaf_key_is_declared_and_rejects_a_wrong_type(overrides):
     ("lfw_pairs", "strategy=mirrored strategy.logical_cpus=0", "strategy.logical_cpus=0 is not an integer >= 1"),
     ("lfw_pairs", "tfrecord.dir=${oc.env:NO_SUCH_VARIABLE}",
      "tfrecord.dir=${oc.env:NO_SUCH_VARIABLE} does not resolve"),
+    ("lfw_pairs", "pipeline.image_size=4", "pipeline.image_size=4 is too small for model=siamese_cnn with "
+     "model.widths=[16,32,64]: it takes at least 8x8 (each of its 3 conv blocks halves the image with a 2x2 max-pool)"),
+    ("lfw_pairs", "pipeline.image_size=[64,15] model.widths=[8,8,8,8]", "pipeline.image_size=[64,15] is too small for "
+     "model=siamese_cnn with model.widths=[8,8,8,8]: it takes at least 16x16"),
+    ("chest_xray", "pipeline.image_size=[31,200]", "pipeline.image_size=[31,200] is too small for model=resnet_v2_152: "
+     "it takes at least 32x32 (keras.applications' minimum for ResNet-v2)"),
+    ("imagenet_det", "model=resnet_v2_50 pipeline.image_size=8 model.pretrained=imagenet",
+     "pipeline.image_size=8 is too small for model=resnet_v2_50: it takes at least 32x32"),
 ])
 def test_a_bad_value_is_one_line_naming_the_key_and_what_is_allowed(dataset, override, line):
     from tf_harness.experiments import schema
@@ -383,6 +391,8 @@ def test_every_key_in_conf_is_read_by_some_code():
     ("dataset.resize=bogus", {}, "config error: dataset.resize=bogus is not one of resize|crop_or_pad"),
     ("model=siamese_cnn", {}, "config error: model=siamese_cnn takes pair images but dataset=chest_xray"),
     ("seed=1", {"TF_CONFIG": "{not json"}, "config error: TF_CONFIG={not json is not valid JSON"),
+    ("pipeline.image_size=16", {}, "config error: pipeline.image_size=16 is too small for model=resnet_v2_152: it "
+     "takes at least 32x32"),
 ])
 def test_python_run_py_reports_a_bad_config_in_one_line_before_tensorflow_starts(tmp_path, override, env, line):
     """TensorFlow's start-up messages are left on (TF_CPP_MIN_LOG_LEVEL unset): none may come before, or at all."""
@@ -423,3 +433,36 @@ def test_a_datasets_default_model_is_named_once_in_its_yaml_and_takes_its_exampl
         assert compose(f"dataset={name}").model.name == models[0], name
         assert schema.model_inputs(models[0]) == schema.dataset_inputs(name), name
         assert not hasattr(task, "DEFAULT_MODEL"), f"{name}: its default model is its YAML's alone"
+
+
+# Each model family at its smallest image side, one below it, and with only the height or the width below it.
+SIZES = [("chest_xray", "resnet_v2_50", (), 32), ("imagenet_det", "semi_alexnet", ("model.filters=[4,4,4,4,4]",), 1),
+         ("lfw_pairs", "siamese_cnn", ("model.widths=[4]",), 2),
+         ("lfw_pairs", "siamese_cnn", ("model.widths=[4,4,4]", "model.merge=pixel_difference"), 8)]
+
+
+@pytest.mark.parametrize("dataset, model, overrides, smallest", SIZES, ids=lambda value: str(value))
+def test_the_schema_passes_an_image_size_exactly_when_the_model_builds_for_it(dataset, model, overrides, smallest):
+    """What the schema states without TensorFlow (models/__init__.py `smallest_side`) is what Keras builds; and a
+    size it would let through that Keras cannot build is a ConfigError naming the model's keys, never a traceback."""
+    from tf_harness.data import TASKS
+    from tf_harness.data.errors import ConfigError
+    from tf_harness.experiments import schema
+    from tf_harness.experiments.settings import Settings
+    from tf_harness.experiments.trainer import build_model
+
+    spec = TASKS[dataset].SPEC
+    sizes = [smallest, [smallest, smallest + 5]]
+    sizes += [smallest - 1, [smallest + 5, smallest - 1]] if smallest > 1 else []
+    for size in sizes:
+        cfg = compose(f"dataset={dataset}", f"model={model}", *overrides, f"pipeline.image_size={size}")
+        passed = schema.first_problem(cfg, {}) is None
+        settings = Settings.from_config(cfg)
+        height, width = (size, size) if isinstance(size, int) else size
+        try:
+            build_model(settings, spec, (height, width))
+            built = True
+        except ConfigError as error:
+            assert f"model={model}" in str(error) and f"pipeline.image_size={schema.show(size)}" in str(error)
+            built = False
+        assert passed == built == (min(height, width) >= smallest), (size, passed, built)

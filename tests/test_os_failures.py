@@ -131,6 +131,43 @@ def fill(disk):
             assert error.errno == errno.ENOSPC
 
 
+def test_a_full_disk_before_there_is_a_checkpoint_says_where_to_run_instead():
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a write to a file opened earlier names none
+    assert os_errors.describe(full, where="/run/.hydra", resumable=False) == (
+        "No space left on device: /run/.hydra; free some space, or choose a hydra.run.dir on a disk with room")
+    assert os_errors.describe(full, where="/run/.hydra").endswith("it resumes from the newest complete checkpoint")
+    named = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/run/skipped.csv")
+    assert os_errors.describe(named, where="/run", resumable=False).startswith("No space left on device: "
+                                                                               "/run/skipped.csv; free some space, or")
+
+
+def test_a_run_started_on_a_full_disk_exits_1_naming_where_and_leaves_no_folder(tmp_path):
+    with tmpfs(tmp_path / "disk", size="64k") as disk:
+        fill(disk)
+        result = run_cli(*TINY, f"hydra.run.dir={disk / 'run'}", timeout=300)
+        assert assert_one_line(result, "error: ") == (f"error: No space left on device: {disk / 'run' / '.hydra'}; "
+                                                      f"free some space, or choose a hydra.run.dir on a disk with room")
+        assert not (disk / "run").exists()
+
+
+def test_the_run_files_written_first_name_themselves_on_a_full_disk(tmp_path):
+    """The run lock and skipped.csv are written by Python, whose failed write names no file."""
+    from tf_harness.data.integrity.atomic_file import replacing
+    from tf_harness.experiments.run_dir import run_lock
+
+    with tmpfs(tmp_path / "disk", size="64k") as disk:
+        (disk / "run").mkdir()
+        fill(disk)
+        with pytest.raises(OSError) as raised:
+            run_lock.hold(disk / "run")
+        assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(disk / "run" / ".lock")
+        assert not run_lock.held(disk / "run")
+        with pytest.raises(OSError) as raised:
+            with replacing(disk / "run" / "skipped.csv") as file:
+                file.write("path,reason\n" * 10_000)
+        assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(disk / "run" / "skipped.csv")
+
+
 def test_a_save_that_runs_out_of_room_at_any_point_leaves_no_part_of_itself(tmp_path, caplog):
     """The disk fills at each point of a save in turn, a page of room more each time: while the shards are
     staged, while the merged index is written beside the moved data (the index is left cut short), and not at

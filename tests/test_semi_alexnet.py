@@ -67,3 +67,27 @@ def test_learns_colour_classes():
                   metrics=["accuracy"])
     history = model.fit(images, labels, batch_size=16, epochs=10, verbose=0)
     assert history.history["accuracy"][-1] > 0.9
+
+
+def test_a_model_too_large_for_memory_is_a_config_error_naming_its_keys(monkeypatch):
+    """What TensorFlow refuses to allocate while building is one line, without its function-node and device names."""
+    from tf_harness.data.errors import ConfigError
+    from tf_harness.experiments import trainer
+    from tf_harness.experiments.settings import Settings
+    from tests.conftest import compose
+
+    message = ("{{function_node __wrapped__StatelessRandomUniformV2_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
+               "OOM when allocating tensor with shape[4,1000000000000] and type float on "
+               "/job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu [Op:StatelessRandomUniformV2]")
+
+    def build(*args):
+        raise tf.errors.ResourceExhaustedError(None, None, message)
+
+    monkeypatch.setitem(BUILDERS._objects, "semi_alexnet", (BUILDERS.entries["semi_alexnet"].path, build))
+    settings = Settings.from_config(compose("dataset=imagenet_det", "model.dense_units=1000000000000"))
+    with pytest.raises(ConfigError) as raised:
+        trainer.build_model(settings, imagenet_det.SPEC, (8, 8))
+    assert str(raised.value) == (
+        "model=semi_alexnet (model.filters=[48,128,192,192,128], model.dense_units=1000000000000, model.dropout=0.5) "
+        "cannot be built for pipeline.image_size=[415,482] (8x8x3 images): out of memory (OOM when allocating tensor "
+        "with shape[4,1000000000000] and type float)")

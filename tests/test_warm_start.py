@@ -123,7 +123,56 @@ def test_a_missing_init_checkpoint_is_one_config_error_line(tmp_path):
     assert not (tmp_path / "run").exists()  # refused before the run recorded itself: no folder is left behind
 
 
+@pytest.mark.slow  # whole training runs in subprocesses
+def test_an_lfw_run_from_a_det_run_none_of_whose_variables_fit_is_refused_before_training(det_run, tmp_path):
+    result = run_cli(*TINY_LFW, "trainer.train_steps=1", f"trainer.init_checkpoint={det_run}",
+                     f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"config error: trainer.init_checkpoint={det_run}: none of the 16 variables of "
+                                    f"model=siamese_cnn matches one in {det_run}/checkpoints/ckpt-2 by name and shape")
+    assert not (tmp_path / "run").exists()
+
+
 # ----- in this process: where the init checkpoint comes from, what is matched -----------------------------------
+
+def _checkpoint_of(model, prefix):
+    tf.train.Checkpoint(model=model).write(str(prefix))
+    return prefix
+
+
+def test_a_warm_start_that_would_restore_nothing_is_a_config_error(tmp_path):
+    """A DET run's semi-AlexNet shares no variable name with LFW's siamese CNN: the warm start would train from
+    scratch, which nobody asking for one wants."""
+    from tf_harness.data import imagenet_det, lfw_pairs
+    from tf_harness.models import BUILDERS
+
+    alexnet = BUILDERS["semi_alexnet"](compose("dataset=imagenet_det", *TINY_ALEXNET[:-1]).model,
+                                       imagenet_det.SPEC, (32, 32))
+    siamese = BUILDERS["siamese_cnn"](compose(*TINY_LFW[:-1]).model, lfw_pairs.SPEC, (24, 24))
+    det = _checkpoint_of(alexnet, tmp_path / "det" / "ckpt-1")
+    lfw = _checkpoint_of(siamese, tmp_path / "lfw" / "ckpt-1")
+
+    def settings(init, exclude=None):
+        return OmegaConf.create({"mode": "train", "model": {"name": "siamese_cnn"},
+                                 "trainer": {"init_checkpoint": str(init), "init_exclude": exclude}})
+
+    own = tmp_path / "run" / "checkpoints"
+    with pytest.raises(ConfigError) as raised:
+        warm_start.check_fit(settings(det), own, siamese)
+    assert re.fullmatch(
+        rf"trainer.init_checkpoint={re.escape(str(det))}: none of the 16 variables of model=siamese_cnn matches one "
+        rf"in {re.escape(str(det))} by name and shape \(2 differ in shape, 14 are not in the checkpoint; the "
+        r"checkpoint holds conv1/kernel, .*, the model tower/conv0/kernel, .*\): it would train from scratch; name a "
+        r"checkpoint of this model's layers, or set trainer.init_checkpoint=null", str(raised.value)), str(raised.value)
+    warm_start.check_fit(settings(lfw), own, siamese)  # every variable fits
+    with pytest.raises(ConfigError, match=r"16 are excluded by trainer.init_exclude=\."):
+        warm_start.check_fit(settings(lfw, exclude="."), own, siamese)
+    warm_start.check_fit(OmegaConf.merge(settings(det), {"mode": "evaluate"}), own, siamese)  # no warm start there
+    own.mkdir(parents=True)
+    (own / "ckpt-4.index").write_bytes(b"")  # the run's own checkpoint wins: the init checkpoint is not used
+    warm_start.check_fit(settings(det), own, siamese)
+
 
 def test_a_folder_without_checkpoints_or_an_unreadable_one_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"holds no checkpoint \(no ckpt-N.index in .*/checkpoints\)"):

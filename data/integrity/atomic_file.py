@@ -55,8 +55,10 @@ def replacing(path, mode: str = "w", temporary=None, **open_kwargs):
     try:
         with open(temporary, mode, **open_kwargs) as file:
             yield file
-    except BaseException:
+    except BaseException as error:
         _remove(temporary)
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)  # a full disk fails the write or the close, which name no file
         raise
     publish(temporary, path)
 

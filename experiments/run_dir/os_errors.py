@@ -6,6 +6,9 @@ tf.data cache) raise its own OpError subclasses whose message ends in the OS's w
 Both kinds become `<what happened>: <path>; <what to do>`. Nothing is lost on such a failure: a
 checkpoint is written beside the previous ones and only then named in the `checkpoint` file, so the
 newest complete one stays, and the next start removes the half-written one (experiments/run_dir/leftovers.py).
+A full disk before the run has a checkpoint leaves nothing to resume: the advice is then where to run instead.
+A write to a file opened earlier fails without naming it (Python's OSError has no filename then): the caller
+names the path it was writing under.
 
 Nothing here imports TensorFlow, so the cli can use it for Hydra's own failures too (creating the
 run directory, writing `.hydra/`).
@@ -27,6 +30,8 @@ ADVICE = {
     errno.ENOTDIR: "a file stands where a folder must be; move it, or choose another hydra.run.dir (or HARNESS_CACHE)",
     errno.EISDIR: "a folder stands where a file must be; move it, or choose another hydra.run.dir (or HARNESS_CACHE)",
 }
+# A full disk (or quota) when the run directory holds no checkpoint to resume from.
+NOTHING_TO_RESUME = "free some space, or choose a hydra.run.dir on a disk with room"
 # TensorFlow's wording: `{{function_node ...}} <path>; <strerror> [Op:SaveV2]`, or `<path>; <strerror>`; some ops
 # name no path (`{{function_node ...}} Not a directory [Op:CreateSummaryFileWriter]`).
 _REASONS = "|".join(re.escape(os.strerror(number)) for number in ADVICE)
@@ -42,19 +47,22 @@ def chain(error: BaseException):
         error = error.__cause__ or error.__context__
 
 
-def describe(error: BaseException) -> str | None:
-    """The one line for `error` (or the error it came from) when it is an expected OS failure; None otherwise."""
-    return next(filter(None, map(_describe_one, chain(error))), None)
+def describe(error: BaseException, where=None, resumable=True) -> str | None:
+    """The one line for `error` (or the error it came from) when it is an expected OS failure; None otherwise.
+
+    `where`: the path to name when the error names none; `resumable`: whether the run directory holds a checkpoint
+    that the same command resumes from once there is room (the advice for a full disk says so, or where to run)."""
+    return next(filter(None, (_describe_one(one, where, resumable) for one in chain(error))), None)
 
 
-def _describe_one(error):
+def _describe_one(error, where, resumable):
     if isinstance(error, OSError) and error.errno in ADVICE:
-        where = f": {error.filename}" if error.filename else ""
-        return f"{error.strerror}{where}; {ADVICE[error.errno]}"
-    if type(error).__module__.startswith("tensorflow"):
-        match = _TF_MESSAGE.search(str(error))
-        if match:
-            number = next(n for n in ADVICE if os.strerror(n) == match["reason"])
-            where = f": {match['path']}" if match["path"] else ""
-            return f"{match['reason']}{where}; {ADVICE[number]}"
-    return None
+        reason, number, path = error.strerror, error.errno, error.filename
+    elif type(error).__module__.startswith("tensorflow") and (match := _TF_MESSAGE.search(str(error))):
+        reason, path = match["reason"], match["path"]
+        number = next(n for n in ADVICE if os.strerror(n) == reason)
+    else:
+        return None
+    path = path or where
+    advice = ADVICE[number] if resumable or number not in (errno.ENOSPC, errno.EDQUOT) else NOTHING_TO_RESUME
+    return f"{reason}{f': {path}' if path else ''}; {advice}"

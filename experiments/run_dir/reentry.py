@@ -79,6 +79,8 @@ _ABSENT = object()
 # The decision for each run directory, made once per process: Hydra reads hydra.output_subdir before it
 # writes `.hydra/`, and the cli asks again afterwards, when the directory holds this run's own files.
 _subdirs = {}
+# The same run directories as Hydra named them (hydra.runtime.output_dir), in the order it asked.
+_named = {}
 
 
 def has_hparams(run_dir) -> bool:
@@ -107,7 +109,18 @@ def subdir(output_dir) -> str:
                 count += 1
                 name = f"{base}-{count}"
         _subdirs[key] = name
+        _named[key] = Path(output_dir)
     return _subdirs[key]
+
+
+def newest_record_folder():
+    """(run directory, folder): the run directory of this process's newest Hydra job and the folder where Hydra
+    saves its config there, once Hydra has asked `subdir` for it (before writing to it); (None, None) before. What the
+    cli names when one of those writes fails without naming its file."""
+    if not _named:
+        return None, None
+    key = next(reversed(_named))
+    return _named[key], _named[key] / _subdirs[key]
 
 
 # Groups whose saved choice a re-entry's command line gets when it names none, so that Hydra composes

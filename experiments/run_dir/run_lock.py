@@ -87,10 +87,14 @@ def _take(run_dir, name, refusal) -> None:
     if not _held:
         atexit.register(release)  # a process that exits (not one that is killed) empties the lock files it held
     # Overwrite whatever a dead holder left: the content only names the live holder.
-    os.ftruncate(lock.fd, 0)
-    os.write(lock.fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode() + b"\n")
-    os.fsync(lock.fd)
+    try:
+        os.ftruncate(lock.fd, 0)
+        os.write(lock.fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode() + b"\n")
+        os.fsync(lock.fd)
+    except OSError as error:  # a full disk: os.write names no file, and the error line should
+        lock.release()
+        raise OSError(error.errno, error.strerror, str(path)) from None
     _held[path.absolute()] = lock
 
 

@@ -67,9 +67,9 @@ class Evaluator:
         return np.concatenate(logits)[:seen], total_loss, np.concatenate(weights)[:seen] > 0
 
     def evaluate(self) -> dict:
-        """Evaluates the trainer's weights on the validation split and writes metrics.json; a fresh iterator
-        each time."""
-        with logging_redirect_tqdm():
+        """Evaluates the trainer's weights (their moving average with trainer.ema_decay: the trainer's `averaged`)
+        on the validation split and writes metrics.json; a fresh iterator each time."""
+        with logging_redirect_tqdm(), self.trainer.averaged():
             return self._evaluate()
 
     def _evaluate(self) -> dict:
@@ -118,13 +118,13 @@ class Evaluator:
         return note
 
     def predict(self):
-        """Writes predictions.csv, one row per example: the image path(s), a probability per class, the true
-        label(s) where the split has them (`label`, or `label/<class>` per class for multi-label), and the
-        checkpoint's `global_step`."""
+        """Writes predictions.csv, one row per example (with trainer.ema_decay, from the averaged weights): the image
+        path(s), a probability per class, the true label(s) where the split has them (`label`, or `label/<class>`
+        per class for multi-label), and the checkpoint's `global_step`."""
         split = "test" if "test" in self.tables else self.split
         table = self.tables[split]
         # Every worker takes part: the steps are collective.
-        with logging_redirect_tqdm():
+        with logging_redirect_tqdm(), self.trainer.averaged():
             logits, _, counted = self._outputs(self.input_fn(split), len(table))
         self.note_unreadable()
         if not self.write:

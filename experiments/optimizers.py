@@ -23,19 +23,25 @@ def schedule(name, learning_rate, train_steps, warmup_steps=0, decay_steps=1, de
     raise ValueError(f"unknown learning-rate schedule {name!r}")
 
 
-def optimizer(name, learning_rate, step=None, momentum=0.9, weight_decay=0.0):
+def optimizer(name, learning_rate, step=None, momentum=0.9, weight_decay=0.0, ema_decay=None):
     """A Keras optimizer; `learning_rate` is a float or a schedule.
 
     A schedule is evaluated at `step` (a variable) when given, else at the optimizer's own
     `iterations`, which Keras counts only over applied updates.
+
+    `ema_decay` (None: none): the optimizer also keeps an exponential moving average of the variables it
+    updates (Keras' `use_ema`, `ema_momentum=ema_decay`), in optimizer variables, so a checkpoint of the
+    optimizer holds it. Keras never writes it into the model by itself (`ema_overwrite_frequency` None): the
+    trainer swaps it in for evaluation and export (experiments/trainer.py `averaged`).
     """
     if isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule) and step is not None:
         scheduled = learning_rate
         learning_rate = lambda: scheduled(step)  # noqa: E731  (Keras calls a callable rate with no argument)
+    options = {} if ema_decay is None else {"use_ema": True, "ema_momentum": float(ema_decay)}
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate)
+        return keras.optimizers.Adam(learning_rate, **options)
     if name == "adamw":
-        return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
+        return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, **options)
     if name == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=momentum)
+        return keras.optimizers.SGD(learning_rate, momentum=float(momentum), **options)  # Keras refuses an int
     raise ValueError(f"unknown optimizer {name!r}")

@@ -177,7 +177,8 @@ class Controller:
         self.evaluator.predict()
 
     def export(self):
-        return export.export(self.task, self.trainer, self.run_dir)
+        with self.trainer.averaged():  # trainer.ema_decay: the averaged weights are what is served
+            return export.export(self.task, self.trainer, self.run_dir)
 
     def continuous_eval(self):
         """The sidecar evaluator: each new checkpoint of the run, until the final step (experiments/sidecar.py)."""
@@ -319,6 +320,8 @@ class Controller:
                   # The share of train time spent waiting for batches (experiments/trainer.py defines it per loop).
                   "input_wait_fraction": loops.input_wait_fraction,
                   "nonfinite_steps": loops.nonfinite}
+        if self.trainer.clip_global_norm is not None:  # the norm before clipping
+            values["gradient_norm"] = loops.gradient_norm
         if len(loops.logits):
             values.update(metrics.evaluate(self.spec.task, self.spec.class_names, loops.labels, loops.logits))
         self.summaries.scalars("train", values, step)

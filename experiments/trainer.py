@@ -8,6 +8,7 @@ non-finite stop is kept on the device (`_step`'s `live`), so the host can fetch,
 launch the next step while the device still runs the last. How a step gets its batch, and how its
 wait for it is timed (input_wait_fraction): experiments/loop_input.py.
 """
+import contextlib
 import dataclasses
 import logging
 import time
@@ -40,6 +41,7 @@ class LoopStats:
     seconds: float  # wall time on the host
     logits: np.ndarray  # the applied steps' logits, stacked over their batches
     labels: np.ndarray
+    norm_sum: float = 0.0  # the applied steps' summed gradient norms before clipping (trainer.clip_global_norm)
 
     @classmethod
     def merge(cls, loops):
@@ -47,12 +49,18 @@ class LoopStats:
                    nonfinite_in_a_row=loops[-1].nonfinite_in_a_row, loss_sum=sum(s.loss_sum for s in loops),
                    wait=sum(s.wait for s in loops), seconds=sum(s.seconds for s in loops),
                    logits=np.concatenate([s.logits for s in loops]),
-                   labels=np.concatenate([s.labels for s in loops]))
+                   labels=np.concatenate([s.labels for s in loops]), norm_sum=sum(s.norm_sum for s in loops))
 
     @property
     def loss(self) -> float:
         applied = self.steps - self.nonfinite
         return self.loss_sum / applied if applied else float("nan")
+
+    @property
+    def gradient_norm(self) -> float:
+        """The applied steps' mean global gradient norm before clipping (computed with trainer.clip_global_norm)."""
+        applied = self.steps - self.nonfinite
+        return self.norm_sum / applied if applied else float("nan")
 
     @property
     def input_wait_fraction(self) -> float:
@@ -110,6 +118,9 @@ class Trainer:
     iterator under every strategy. Each replica then augments and
     normalises its share on its own device (data/preprocessing.py).
 
+    With `trainer.clip_global_norm`, the gradients are scaled down so that their global norm (the norm of their
+    sum over the replicas) is at most that; the norm before clipping is a train scalar, `gradient_norm`.
+
     A step whose loss, or gradients' global norm, is NaN or infinite is not applied:
     the weights, the optimizer and the batch-norm statistics stay as they were, and
     `nonfinite_in_a_row` counts it. Under float16 only the loss is checked, since the
@@ -138,6 +149,7 @@ class Trainer:
         if settings.trainer.graph_optimizer is None and options:  # null resolves to options on CPU alone, {} elsewhere
             log.info("trainer.graph_optimizer=null: %s (CPU alone)", options)
         self.max_nonfinite_steps = settings.trainer.max_nonfinite_steps
+        self.clip_global_norm = settings.trainer.clip_global_norm
         self.fetch_ahead = resolve_fetch_ahead(settings.trainer.fetch_ahead, self.replicas)
         if settings.trainer.fetch_ahead is None:
             log.info("trainer.fetch_ahead=null: %s", "each batch fetched while the step before it runs (a GPU or "
@@ -155,6 +167,7 @@ class Trainer:
             # Not checkpointed: a resumed run counts afresh.
             self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
         self.input = LoopInput(settings.deterministic)
+        self._swapped = self._said_averaged = False  # `averaged`
         if self.jit_compile:
             # The whole step, its non-finite check, skip and counters included, as one XLA cluster; the
             # loop around it (iterator, clocks, results) stays in the graph.
@@ -192,10 +205,29 @@ class Trainer:
                 loss += tf.add_n(self.model.losses) / self.replicas
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, self.model.trainable_variables)
+        gradients, norm = self._clipped(gradients)
         finite = self._finite(loss, gradients)
         applied = tf.logical_and(finite, live)
         self._apply_if(applied, gradients)
-        return loss, tf.cast(logits, tf.float32), labels, applied
+        return loss, tf.cast(logits, tf.float32), labels, applied, norm
+
+    def _clipped(self, gradients):
+        """`gradients` scaled to a global norm of at most trainer.clip_global_norm, and their global norm before
+        (0 with clipping off). The norm is that of the gradients summed over the replicas, what the update
+        applies, so with several replicas it costs one more all-reduce; each replica scales its own share by the
+        same factor. A non-finite norm leaves the gradients as they are, for the non-finite skip."""
+        if self.clip_global_norm is None:
+            return gradients, tf.constant(0.0)
+        summed = gradients
+        if self.replicas > 1:
+            summed = tf.distribute.get_replica_context().all_reduce("SUM", gradients)
+        norm = tf.linalg.global_norm(summed)
+        if self.mixed_precision:  # the gradients of the scaled loss: their norm over the loss scale
+            norm = norm / tf.cast(self.optimizer.dynamic_scale, norm.dtype)
+        limit = tf.constant(self.clip_global_norm, norm.dtype)
+        factor = tf.where(tf.math.is_finite(norm), limit / tf.maximum(norm, limit), 1.0)
+        return [None if gradient is None else gradient * tf.cast(factor, gradient.dtype)
+                for gradient in gradients], norm
 
     def _finite(self, loss, gradients):
         """Whether every replica's loss (and, outside float16, gradient norm) is finite; the same on all."""
@@ -239,16 +271,17 @@ class Trainer:
         # The forward pass updates batch-norm statistics even when the step is then skipped: keep a copy.
         statistics = [v for v in self.model.non_trainable_variables if _is_float(v)]
         kept = [tf.identity(v.value) for v in statistics]
-        loss, logits, labels, applied = self.strategy.run(
+        loss, logits, labels, applied, norm = self.strategy.run(
             self._replica_step, args=(step, live, *self._per_replica((features, labels, weights))))
         applied = self.strategy.experimental_local_results(applied)[0]  # the same on every replica
+        norm = self.strategy.experimental_local_results(norm)[0]
         for variable, value in zip(statistics, kept):
             variable.assign(tf.where(applied, variable.value, value))
         counted = tf.where(applied, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1)
         in_a_row = self.nonfinite_in_a_row.assign(tf.where(live, counted, self.nonfinite_in_a_row))
         self.global_step.assign_add(tf.cast(live, tf.int64))
         loss = self.strategy.reduce("SUM", loss, axis=None)
-        return loss, self._gather(logits), self._gather(labels), applied, in_a_row
+        return loss, self._gather(logits), self._gather(labels), applied, in_a_row, norm
 
     def _train_step(self, features, labels, weights):
         """One step on one batch: (loss, logits, labels). The runner trains with `train_loop`."""
@@ -264,13 +297,13 @@ class Trainer:
         def keep_going(i, *_):
             return i < steps  # on the host: the condition never waits for the device
 
-        def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, applied, live_steps, fetched):
+        def body(i, in_a_row, ready_at, wait, loss_sum, norm_sum, logits, labels, applied, live_steps, fetched):
             batch = fetched  # fetched ahead, or () when each step fetches its own
             if not ahead:
                 batch, waited = self.input.fetch(iterator, after=ready_at)
                 wait += waited
             step_live = tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps)
-            step_loss, step_logits, step_labels, step_applied, in_a_row = self._step(step_live, *batch)
+            step_loss, step_logits, step_labels, step_applied, in_a_row, norm = self._step(step_live, *batch)
             with tf.control_dependencies([step_loss, step_logits, step_applied, in_a_row]):
                 done_at = self.input.clock()
             if ahead:  # the next step's batch, while this one runs; none after the last, so the iterator
@@ -281,7 +314,8 @@ class Trainer:
                                               lambda: (batch, tf.constant(0.0, tf.float64)))
                 wait += tf.where(more, tf.maximum(fetched_at - done_at, 0.0), 0.0)
             return (i + 1, in_a_row, done_at, wait, loss_sum + tf.where(step_applied, step_loss, 0.0),
-                    logits.write(i, step_logits), labels.write(i, step_labels), applied.write(i, step_applied),
+                    norm_sum + tf.where(step_applied, norm, 0.0), logits.write(i, step_logits),
+                    labels.write(i, step_labels), applied.write(i, step_applied),
                     live_steps + tf.cast(step_live, tf.int32), fetched)
 
         labels_dtype = iterator.element_spec[1].dtype
@@ -289,13 +323,13 @@ class Trainer:
         if ahead:  # the first batch before the loop, so every step in it finds its batch fetched
             batch, wait = self.input.fetch(iterator, after=started_at)
         start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, tf.constant(0.0),
-                 *(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool)),
+                 tf.constant(0.0), *(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool)),
                  tf.constant(0), batch)
         # `_train_one` (steps None): the body once, with no loop for the graph optimizer to work through.
         end = body(*start) if steps is None else tf.while_loop(keep_going, body, start)
-        _, in_a_row, _, wait, loss_sum, logits, labels, applied, live_steps, _ = end
-        return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "logits": logits.stack(),
-                "labels": labels.stack(), "applied": applied.stack()}
+        _, in_a_row, _, wait, loss_sum, norm_sum, logits, labels, applied, live_steps, _ = end
+        return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "norm_sum": norm_sum,
+                "logits": logits.stack(), "labels": labels.stack(), "applied": applied.stack()}
 
     def _train_one(self, iterator):
         """One train step over `iterator`, with `_train_loop`'s results."""
@@ -317,7 +351,8 @@ class Trainer:
         return LoopStats(steps=ran, nonfinite=ran - int(applied.sum()),
                          nonfinite_in_a_row=int(out["in_a_row"]), loss_sum=float(out["loss_sum"]),
                          wait=float(out["wait"]), seconds=seconds,
-                         logits=logits.reshape(-1, *logits.shape[2:]), labels=labels.reshape(-1, *labels.shape[2:]))
+                         logits=logits.reshape(-1, *logits.shape[2:]), labels=labels.reshape(-1, *labels.shape[2:]),
+                         norm_sum=float(out["norm_sum"]))
 
     def _eval_step(self, features, labels, weights):
         def replica_step(features, labels, weights):
@@ -352,6 +387,34 @@ class Trainer:
             parts["input_iterator"] = iterator
         return tf.train.Checkpoint(**parts)
 
+    @contextlib.contextmanager
+    def averaged(self):
+        """Inside the block the model holds the exponential moving average of its trained weights
+        (trainer.ema_decay), and after it its own weights again, bit for bit, however the block ends (an interrupt
+        during an evaluation included, so a checkpoint saved then holds the trained weights). Yields whether it
+        swapped: not without EMA, nor before the first applied update, when there is no average yet. Evaluation,
+        prediction, export and the sidecar evaluator run inside it. The swap is done here, not by Keras'
+        `finalize_variable_values`, which overwrites the weights for good."""
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)  # the loss-scale optimizer's
+        if self._swapped or not optimizer.use_ema or int(optimizer._iterations.numpy()) == 0:
+            yield False
+            return
+        pairs = list(zip(optimizer._trainable_variables, optimizer._model_variables_moving_average))
+        kept = [tf.identity(variable) for variable, _ in pairs]
+        if not self._said_averaged:
+            log.info("trainer.ema_decay=%s: evaluation, prediction and export use the averaged weights",
+                     optimizer.ema_momentum)
+            self._said_averaged = True
+        self._swapped = True
+        try:
+            for variable, average in pairs:
+                variable.assign(average)
+            yield True
+        finally:
+            for (variable, _), value in zip(pairs, kept):
+                variable.assign(value)
+            self._swapped = False
+
     @property
     def step(self) -> int:
         """The global step as a Python int (under any strategy)."""
@@ -377,7 +440,7 @@ def _optimizer(trainer_settings, global_step):
                                warmup_steps=trainer_settings.warmup_steps, decay_steps=trainer_settings.decay_steps,
                                decay_rate=trainer_settings.decay_rate)
     return optimizers.optimizer(trainer_settings.optimizer, rate, step=global_step, momentum=trainer_settings.momentum,
-                                weight_decay=trainer_settings.weight_decay)
+                                weight_decay=trainer_settings.weight_decay, ema_decay=trainer_settings.ema_decay)
 
 
 class _CheckedEvalStep:

@@ -272,7 +272,7 @@ class Controller:
             return None
         features, labels, batch = review.first_batch(iterator, self.trainer.preprocess, step)
         self.summaries.inputs(features, labels, self.spec, step)
-        return batch
+        return self.trainer.first_update(batch, iterator)  # with trainer.accumulate_steps, the update's batches
 
     def _after_loop(self, loop, window, manager, progress):
         """Logs, checks and saves what a train loop did; returns the global step it reached."""
@@ -284,7 +284,7 @@ class Controller:
         self._check_finite(loop, step)
         progress.update(loop.steps)
         progress.set_postfix(loss=f"{loop.loss:.4f}",
-                             examples_per_sec=f"{self.pipeline.batch_size * loop.steps / loop.seconds:.0f}")
+                             examples_per_sec=f"{self.trainer.examples_per_step * loop.steps / loop.seconds:.0f}")
         if step % trainer_settings.log_every == 0 or step == trainer_settings.train_steps:
             self._log_train(window, step)
         if step % trainer_settings.checkpoint_every == 0 or step == trainer_settings.train_steps:
@@ -316,7 +316,7 @@ class Controller:
         window.clear()
         values = {"loss": loops.loss,
                   "learning_rate": self.trainer.learning_rate,
-                  "examples_per_sec": self.pipeline.batch_size * loops.steps / loops.seconds,
+                  "examples_per_sec": self.trainer.examples_per_step * loops.steps / loops.seconds,
                   # The share of train time spent waiting for batches (experiments/trainer.py defines it per loop).
                   "input_wait_fraction": loops.input_wait_fraction,
                   "nonfinite_steps": loops.nonfinite}

@@ -180,6 +180,7 @@ KEYS = {
     "trainer.graph_optimizer": _with_null(Key(graph_optimizer.ALLOWED, graph_optimizer.accepts), graph_optimizer.NULL),
     "trainer.max_nonfinite_steps": integer(1),
     "trainer.clip_global_norm": number(0, low_open=True, null="no clipping"),
+    "trainer.accumulate_steps": integer(1),
     "trainer.ema_decay": number(0, 1, high_open=True, null="no moving average"),
     "trainer.profile_steps": PROFILE_STEPS,
     "trainer.optimizer": one_of("adam", "adamw", "sgd"),

@@ -118,6 +118,12 @@ class Trainer:
     iterator under every strategy. Each replica then augments and
     normalises its share on its own device (data/preprocessing.py).
 
+    With `trainer.accumulate_steps` N > 1, a step is one update over N batches: the loop fetches them in turn and
+    stacks them, the step runs each through the model in a `tf.while_loop` (its augmentation seeded by the batch's
+    number, global step × N + i) and applies the mean of their gradients once, the mean loss of one batch N
+    times larger. The global step, and every count of steps, counts updates, and a checkpoint always falls
+    between two updates, so there is no partial sum to save. The non-finite skip takes the update whole.
+
     With `trainer.clip_global_norm`, the gradients are scaled down so that their global norm (the norm of their
     sum over the replicas) is at most that; the norm before clipping is a train scalar, `gradient_norm`.
 
@@ -131,6 +137,8 @@ class Trainer:
         self.spec, self.strategy = spec, strategy
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch_size = settings.pipeline.batch_size
+        self.accumulate_steps = settings.trainer.accumulate_steps
+        self.examples_per_step = self.global_batch_size * self.accumulate_steps  # batches of an update, together
         self.steps_per_loop = settings.trainer.steps_per_loop or default_steps_per_loop()
         if settings.trainer.steps_per_loop is None:
             log.info("trainer.steps_per_loop=null: %d step(s) per loop (%s)", self.steps_per_loop,
@@ -177,7 +185,8 @@ class Trainer:
         self._one = tf.function(self._train_one)
         self.eval_step = _CheckedEvalStep(tf.function(self._eval_step), self)
 
-    def _per_replica(self, batch):
+    def _per_replica(self, batch, axis=0):
+        """`batch` split across the replicas along `axis` (1 for an update's stacked batches)."""
         if self.replicas == 1:
             return batch
         share = self.global_batch_size // self.replicas
@@ -185,8 +194,8 @@ class Trainer:
         def split(context, tensor):
             # A training batch under multi_worker is the worker's share, split across its own replicas
             # (replica ids run worker by worker); any other batch is global, split across all of them.
-            parts = tensor.shape[0] // share
-            return tf.split(tensor, parts)[context.replica_id_in_sync_group % parts]
+            parts = tensor.shape[axis] // share
+            return tf.split(tensor, parts, axis=axis)[context.replica_id_in_sync_group % parts]
 
         return self.strategy.experimental_distribute_values_from_function(
             lambda context: tf.nest.map_structure(lambda tensor: split(context, tensor), batch))
@@ -195,6 +204,19 @@ class Trainer:
         return self.strategy.gather(value, axis=0) if self.replicas > 1 else value
 
     def _replica_step(self, step, live, features, labels, weights):
+        if self.accumulate_steps == 1:
+            loss, logits, gradients = self._gradients(step, features, labels, weights)
+        else:
+            loss, logits, gradients = self._accumulated(step, features, labels, weights)
+            labels = tf.reshape(labels, [-1, *labels.shape[2:]])  # the update's batches, one after the other
+        gradients, norm = self._clipped(gradients)
+        finite = self._finite(loss, gradients)
+        applied = tf.logical_and(finite, live)
+        self._apply_if(applied, gradients)
+        return loss, logits, labels, applied, norm
+
+    def _gradients(self, step, features, labels, weights):
+        """One batch's loss, logits (float32) and gradients (of the loss as the optimizer scales it)."""
         features = self.preprocess(features, training=True, step=step)
         with tf.GradientTape() as tape:
             logits = self.model(features, training=True)
@@ -204,12 +226,25 @@ class Trainer:
             if self.model.losses:
                 loss += tf.add_n(self.model.losses) / self.replicas
             scaled = self.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled, self.model.trainable_variables)
-        gradients, norm = self._clipped(gradients)
-        finite = self._finite(loss, gradients)
-        applied = tf.logical_and(finite, live)
-        self._apply_if(applied, gradients)
-        return loss, tf.cast(logits, tf.float32), labels, applied, norm
+        return loss, tf.cast(logits, tf.float32), tape.gradient(scaled, self.model.trainable_variables)
+
+    def _accumulated(self, step, features, labels, weights):
+        """`_gradients` over an update's trainer.accumulate_steps batches, stacked on a first axis: the mean loss,
+        the logits one batch after the other, and the mean gradients. A while loop, so the step's graph holds
+        the model once whatever the count."""
+        count = self.accumulate_steps
+        variables = self.model.trainable_variables
+
+        def body(i, loss_sum, sums, logits):
+            batch = tf.nest.map_structure(lambda tensor: tensor[i], (features, labels, weights))
+            loss, batch_logits, gradients = self._gradients(step * count + tf.cast(i, tf.int64), *batch)
+            sums = [total if gradient is None else total + gradient for total, gradient in zip(sums, gradients)]
+            return i + 1, loss_sum + loss, sums, logits.write(i, batch_logits)
+
+        start = (tf.constant(0), tf.constant(0.0), [tf.zeros(v.shape, v.dtype) for v in variables],
+                 tf.TensorArray(tf.float32, size=count))
+        _, loss_sum, sums, logits = tf.while_loop(lambda i, *_: i < count, body, start)
+        return loss_sum / count, logits.concat(), [total / count for total in sums]
 
     def _clipped(self, gradients):
         """`gradients` scaled to a global norm of at most trainer.clip_global_norm, and their global norm before
@@ -271,8 +306,9 @@ class Trainer:
         # The forward pass updates batch-norm statistics even when the step is then skipped: keep a copy.
         statistics = [v for v in self.model.non_trainable_variables if _is_float(v)]
         kept = [tf.identity(v.value) for v in statistics]
+        stacked = 0 if self.accumulate_steps == 1 else 1  # the batch axis: an update's batches come stacked
         loss, logits, labels, applied, norm = self.strategy.run(
-            self._replica_step, args=(step, live, *self._per_replica((features, labels, weights))))
+            self._replica_step, args=(step, live, *self._per_replica((features, labels, weights), stacked)))
         applied = self.strategy.experimental_local_results(applied)[0]  # the same on every replica
         norm = self.strategy.experimental_local_results(norm)[0]
         for variable, value in zip(statistics, kept):
@@ -284,7 +320,8 @@ class Trainer:
         return loss, self._gather(logits), self._gather(labels), applied, in_a_row, norm
 
     def _train_step(self, features, labels, weights):
-        """One step on one batch: (loss, logits, labels). The runner trains with `train_loop`."""
+        """One step on one batch (with trainer.accumulate_steps, the update's batches stacked): (loss, logits,
+        labels). The runner trains with `train_loop`."""
         return self._step(tf.constant(True), features, labels, weights)[:3]
 
     def _train_loop(self, iterator, steps):
@@ -300,7 +337,7 @@ class Trainer:
         def body(i, in_a_row, ready_at, wait, loss_sum, norm_sum, logits, labels, applied, live_steps, fetched):
             batch = fetched  # fetched ahead, or () when each step fetches its own
             if not ahead:
-                batch, waited = self.input.fetch(iterator, after=ready_at)
+                batch, waited = self._fetch(iterator, after=ready_at)
                 wait += waited
             step_live = tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps)
             step_loss, step_logits, step_labels, step_applied, in_a_row, norm = self._step(step_live, *batch)
@@ -310,7 +347,7 @@ class Trainer:
                 # stands exactly at the steps taken (its checkpoint and the resume stay exact). Neither branch
                 # takes anything of this step: a cond's branches wait for all its inputs.
                 more = i + 1 < steps
-                fetched, fetched_at = tf.cond(more, lambda: self.input.fetch_early(iterator),
+                fetched, fetched_at = tf.cond(more, lambda: self._fetch_early(iterator),
                                               lambda: (batch, tf.constant(0.0, tf.float64)))
                 wait += tf.where(more, tf.maximum(fetched_at - done_at, 0.0), 0.0)
             return (i + 1, in_a_row, done_at, wait, loss_sum + tf.where(step_applied, step_loss, 0.0),
@@ -321,7 +358,7 @@ class Trainer:
         labels_dtype = iterator.element_spec[1].dtype
         started_at, batch, wait = self.input.clock(), (), tf.constant(0.0, tf.float64)
         if ahead:  # the first batch before the loop, so every step in it finds its batch fetched
-            batch, wait = self.input.fetch(iterator, after=started_at)
+            batch, wait = self._fetch(iterator, after=started_at)
         start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, tf.constant(0.0),
                  tf.constant(0.0), *(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool)),
                  tf.constant(0), batch)
@@ -330,6 +367,36 @@ class Trainer:
         _, in_a_row, _, wait, loss_sum, norm_sum, logits, labels, applied, live_steps, _ = end
         return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "norm_sum": norm_sum,
                 "logits": logits.stack(), "labels": labels.stack(), "applied": applied.stack()}
+
+    def _fetch(self, iterator, after):
+        """A step's batch, fetched once `after` has run, and its wait; with trainer.accumulate_steps, its update's
+        batches, fetched in turn and stacked, and their summed wait."""
+        if self.accumulate_steps == 1:
+            return self.input.fetch(iterator, after=after)
+        batches, wait = [], tf.constant(0.0, tf.float64)
+        for _ in range(self.accumulate_steps):
+            batch, waited = self.input.fetch(iterator, after=after)
+            batches.append(batch)
+            wait, after = wait + waited, waited
+        return _stacked(batches), wait
+
+    def _fetch_early(self, iterator):
+        """`LoopInput.fetch_early` of a step's batch, or of its update's batches, stacked."""
+        if self.accumulate_steps == 1:
+            return self.input.fetch_early(iterator)
+        batches = [self.input.fetch_early(iterator) for _ in range(self.accumulate_steps)]
+        return _stacked([batch for batch, _ in batches]), batches[-1][1]
+
+    def first_update(self, first, iterator):
+        """The iterator of the first train loop, one step: `first`, a one-batch iterator (the batch TensorBoard
+        shows), and with trainer.accumulate_steps the rest of its update's batches, taken from `iterator` now, so
+        that `iterator` moves by exactly the batches trained."""
+        if self.accumulate_steps == 1:
+            return first
+        data = tf.data.Dataset.from_tensors(next(first))
+        for _ in range(self.accumulate_steps - 1):
+            data = data.concatenate(tf.data.Dataset.from_tensors(next(iterator)))
+        return iter(data)
 
     def _train_one(self, iterator):
         """One train step over `iterator`, with `_train_loop`'s results."""
@@ -424,6 +491,11 @@ class Trainer:
     def learning_rate(self) -> float:
         """The rate the next step applies: the schedule at the current global step (see `_optimizer`)."""
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
+
+
+def _stacked(batches):
+    """Batches of the same structure as one, each tensor stacked on a new first axis."""
+    return tf.nest.map_structure(lambda *tensors: tf.stack(tensors), *batches)
 
 
 def _optimizer(trainer_settings, global_step):

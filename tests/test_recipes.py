@@ -203,3 +203,91 @@ def test_an_export_of_an_ema_run_serves_the_averaged_weights(tmp_path):
     assert kernels and len(averages) >= len(kernels)
     assert not any(found(entry.key) for entry in kernels)  # the trained kernels are not served...
     assert all(found(averages[entry.name.replace("/", "_")]) for entry in kernels)  # ...their averages are
+
+
+# Gradient accumulation --------------------------------------------------------------------------------------------
+
+def flat_pair_model(model_settings, spec, image_size):
+    """A pair model without batch statistics: the faces flattened, a hidden layer, one logit."""
+    import keras
+    faces = [keras.Input((*image_size, 3)) for _ in range(2)]
+    merged = keras.layers.Concatenate()([keras.layers.Flatten()(face) for face in faces])
+    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(merged)
+    return keras.Model(faces, keras.layers.Dense(1, name="logits")(hidden))
+
+
+def faces(count, weight=1.0):
+    """`count` examples of distinct random faces, labels alternating, in a fixed order."""
+    from tests.test_training_loop import SIZE
+
+    def example(i):
+        face = tf.cast(tf.random.stateless_uniform([2, SIZE, SIZE, 3], [7, i], maxval=255), tf.uint8)
+        return (face[0], face[1]), tf.reshape(tf.cast(i % 2, tf.float32), [1]), tf.constant(weight)
+
+    return tf.data.Dataset.range(count).map(example)
+
+
+def flat_trainer(monkeypatch, *overrides):
+    from tf_harness.experiments import trainer as trainer_module
+    monkeypatch.setattr(trainer_module, "BUILDERS", {"siamese_cnn": flat_pair_model})
+    tf.keras.utils.set_random_seed(0)
+    return make_trainer("pipeline.augment=false", *overrides)
+
+
+@pytest.mark.parametrize("loop", [(), ("trainer.steps_per_loop=4", "trainer.fetch_ahead=true")])
+def test_accumulating_n_batches_trains_as_one_batch_n_times_larger(monkeypatch, loop):
+    large = flat_trainer(monkeypatch, f"pipeline.batch_size={2 * BATCH}")
+    accumulated = flat_trainer(monkeypatch, "trainer.accumulate_steps=2", *loop)
+    assert accumulated.examples_per_step == large.examples_per_step == 2 * BATCH
+    large_batches = iter(faces(64).batch(2 * BATCH).repeat())
+    small_batches = iter(faces(64).batch(BATCH).repeat())
+    for steps in (1, 2):
+        wide, accumulating = large.train_loop(large_batches, steps), accumulated.train_loop(small_batches, steps)
+        assert accumulating.steps == wide.steps == steps and len(accumulating.logits) == len(wide.logits)
+        np.testing.assert_allclose(accumulating.loss, wide.loss, rtol=1e-5)
+        np.testing.assert_allclose(accumulating.labels, wide.labels)
+    assert accumulated.step == large.step == 3  # the global step counts updates
+    assert int(accumulated.optimizer.iterations.numpy()) == 3
+    for mine, theirs in zip(trainable(accumulated), trainable(large)):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    # Six batches were taken, no more: the iterator stands at the seventh.
+    np.testing.assert_array_equal(next(small_batches)[0][0], next(iter(faces(64).batch(BATCH).skip(6)))[0][0])
+
+
+def test_a_non_finite_batch_skips_its_whole_update(monkeypatch):
+    trainer = make_trainer("trainer.accumulate_steps=2")  # batch norm: its statistics are kept too
+    trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
+    before = [v.numpy().copy() for v in trainer.model.variables + trainer.optimizer.variables]
+    one_bad = iter(pairs().batch(BATCH).concatenate(pairs(float("nan")).batch(BATCH)).repeat())
+    loop = trainer.train_loop(one_bad, 1)
+    assert (loop.steps, loop.nonfinite, trainer.step) == (1, 1, 2)
+    for old, new in zip(before, [v.numpy() for v in trainer.model.variables + trainer.optimizer.variables]):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_accumulation_resumes_exactly_from_a_checkpoint(monkeypatch, tmp_path):
+    def batches():
+        return iter(faces(64).batch(BATCH).repeat())
+
+    straight = flat_trainer(monkeypatch, "trainer.accumulate_steps=3", "trainer.ema_decay=0.5")
+    straight.train_loop(batches(), 3)
+    first = flat_trainer(monkeypatch, "trainer.accumulate_steps=3", "trainer.ema_decay=0.5")
+    iterator = batches()
+    first.train_loop(iterator, 2)
+    path = first.checkpoint(iterator).save(str(tmp_path / "ckpt"))
+    resumed = flat_trainer(monkeypatch, "trainer.accumulate_steps=3", "trainer.ema_decay=0.5")
+    iterator = batches()
+    resumed.checkpoint(iterator).restore(path).assert_existing_objects_matched()
+    resumed.train_loop(iterator, 1)
+    for mine, theirs in zip(resumed.model.variables + resumed.optimizer.variables,
+                            straight.model.variables + straight.optimizer.variables):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+def test_accumulation_trains_under_several_replicas_and_counts_examples_per_update(tmp_path):
+    result = run_cli(*SMOKE, "strategy=mirrored", "strategy.logical_cpus=2", "trainer.accumulate_steps=2",
+                     "trainer.clip_global_norm=1.0", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [record["global_step"] for record in metrics_history.read(tmp_path)] == [2, 4]
+    reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints" / "ckpt-4"))
+    assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == 4

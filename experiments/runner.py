@@ -21,7 +21,7 @@ from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import export, metrics, review, sidecar, strategies, warm_start, xla_cache
+from tf_harness.experiments import export, metrics, recipes, review, sidecar, strategies, warm_start, xla_cache
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim
@@ -37,7 +37,8 @@ _POLICIES = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixe
 def run(settings: Settings):
     """Runs one Hydra job with `settings`, the config read once the schema passed it (experiments/cli.py
     `guarded`); the run directory is the model_dir. Returns the last evaluation's headline metric (None when the
-    mode does not evaluate), which a sweeper such as Optuna optimises."""
+    mode does not evaluate), or with trainer.objective=best the best value of trainer.best_metric, which a sweeper
+    such as Optuna optimises."""
     # Settings ---------------------------------------------------------------------------------------------------
     clock = StartupClock()
     model_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -119,7 +120,7 @@ def run(settings: Settings):
         {"evaluate": controller.evaluate, "predict": controller.predict, "export": controller.export}[settings.mode]()
 
     # Close ------------------------------------------------------------------------------------------------------
-    return controller.evaluator.last_values.get(metrics.headline(task.SPEC.task))
+    return controller.recipes.objective(controller.evaluator.last_values)  # trainer.objective: last or best
 
 
 class Controller:
@@ -143,6 +144,7 @@ class Controller:
                                    seed=pipeline.seed, input_fn=self._eval_input, note_unreadable=self.note_unreadable,
                                    write=run_dir.chief, beside=sidecar.wanted(settings))
         self.note_unreadable()  # what an earlier life of this run found
+        self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
 
     # Input ---------------------------------------------------------------------------------------------------
     def _input_fn(self, split, training, rows=None):
@@ -162,23 +164,25 @@ class Controller:
 
     # The modes that read a checkpoint ------------------------------------------------------------------------
     def restore(self):
-        """Restores the run's newest restorable checkpoint into the model (evaluate, predict, export)."""
-        latest = self.run_dir.latest()
-        if latest is None:
-            raise ConfigError(f"mode={self.settings.mode} needs a checkpoint in {self.run_dir.checkpoint_dir}; "
-                              f"train into that run directory first (hydra.run.dir=...)")
-        self.trainer.checkpoint().restore(latest).expect_partial()
-        log.info("Restored %s (global step %d)", latest, self.trainer.step)
+        """Restores the checkpoint that `checkpoint=latest|best|<step>` names (evaluate, predict, export): by
+        default the run's newest restorable one."""
+        self.restored = recipes.chosen_checkpoint(self.settings.checkpoint, self.run_dir)
+        self.trainer.checkpoint().restore(self.restored).expect_partial()
+        log.info("Restored %s (global step %d)", self.restored, self.trainer.step)
 
     def evaluate(self):
-        return self.evaluator.evaluate()
+        """Evaluates the trainer's weights; in a training run, also counts the evaluation for the best checkpoint
+        and early stopping (experiments/recipes.py)."""
+        values = self.evaluator.evaluate()
+        self.recipes.evaluated(values, self.trainer.step)
+        return values
 
     def predict(self):
         self.evaluator.predict()
 
     def export(self):
         with self.trainer.averaged():  # trainer.ema_decay: the averaged weights are what is served
-            return export.export(self.task, self.trainer, self.run_dir)
+            return export.export(self.task, self.trainer, self.run_dir, self.restored)
 
     def continuous_eval(self):
         """The sidecar evaluator: each new checkpoint of the run, until the final step (experiments/sidecar.py)."""
@@ -202,6 +206,7 @@ class Controller:
                 iterator = iter(self._input_fn("train", training=True))
                 checkpoint = self.trainer.checkpoint(iterator)
         manager = self.run_dir.manager(checkpoint, latest, self.trainer, self.settings, save_input)
+        self.recipes.resume(self.trainer.step)  # counts an evaluation the checkpoint was saved before
         self.clock.lap("input_fn")
         return iterator, manager
 
@@ -230,7 +235,7 @@ class Controller:
             if evaluate and redo:
                 log.info("Redoing the evaluation at global step %d, which was interrupted", step)
                 self.evaluate()
-            while step < target:
+            while step < target and not self.recipes.stopped:  # trainer.early_stopping
                 profiler.update(step)
                 length = profiler.loop_length(step, loop_length(step, trainer.steps_per_loop, target, intervals))
                 # A signal waits for the loop's end (experiments/run_dir/interrupts.py): the loop, its summary and
@@ -262,6 +267,8 @@ class Controller:
         finally:
             profiler.close()
             progress.close()
+        if self.recipes.stopped:  # the step it stopped at is evaluated; it is saved too
+            return self.recipes.save_stop(manager, self._save_finite)
         if evaluate and (step > start or not self.run_dir.evaluated(step)):  # done already if interrupted after it
             self.evaluate()
 

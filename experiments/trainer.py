@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import graph_optimizer, metrics, optimizers
+from tf_harness.experiments import graph_optimizer, metrics, optimizers, recipes
 from tf_harness.experiments.loop_input import LoopInput
 from tf_harness.models import BUILDERS
 
@@ -172,10 +172,13 @@ class Trainer:
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             # Keras 3 optimizers must create their slots before the first distributed step (keras#19246).
             self.optimizer.build(self.model.trainable_variables)
+            # The best evaluation so far, with trainer.keep_best, early stopping or objective=best.
+            self.progress = recipes.Progress() if recipes.tracks(settings.trainer) else None
             # Not checkpointed: a resumed run counts afresh.
             self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
         self.input = LoopInput(settings.deterministic)
         self._swapped = self._said_averaged = False  # `averaged`
+        self._before_loop = []  # `before_loop`
         if self.jit_compile:
             # The whole step, its non-finite check, skip and counters included, as one XLA cluster; the
             # loop around it (iterator, clocks, results) stays in the graph.
@@ -402,10 +405,18 @@ class Trainer:
         """One train step over `iterator`, with `_train_loop`'s results."""
         return self._train_loop(iterator, None)
 
+    def before_loop(self, work) -> None:
+        """Runs `work()` once, on the host, as the next train loop starts: what must be in every checkpoint saved
+        after that loop but in none saved before it (the best evaluation's state, experiments/recipes.py)."""
+        if work not in self._before_loop:
+            self._before_loop.append(work)
+
     def train_loop(self, iterator, steps) -> LoopStats:
         """Runs up to `steps` train steps over `iterator` in one traced call (one trace serves
         every count) and reads the results back once. With steps_per_loop 1, every call is one step,
         traced without a while loop."""
+        while self._before_loop:
+            self._before_loop.pop(0)()
         started = time.perf_counter()
         if steps == 1 and self.steps_per_loop == 1:
             out = self._one(iterator)
@@ -440,7 +451,9 @@ class Trainer:
         return all(np.isfinite(v.numpy()).all() for v in variables)
 
     def checkpoint(self, iterator=None) -> tf.train.Checkpoint:
-        """What a checkpoint holds: model, optimizer, global step, random state and, when given, the input iterator.
+        """What a checkpoint holds: model, optimizer (with trainer.ema_decay, the moving averages), global step, random
+        state, the best evaluation so far where the run tracks it (experiments/recipes.py) and, when given, the input
+        iterator.
 
         Keras 3 leaves a Dropout layer's seed-generator state out of the model's checkpoint
         (checked: a restored model drew other masks), so a resumed run would diverge; it is saved
@@ -450,6 +463,8 @@ class Trainer:
                         if variable.path.endswith("seed_generator_state")]
         parts = dict(model=self.model, optimizer=self.optimizer, global_step=self.global_step,
                      random_state=random_state)
+        if self.progress is not None:
+            parts["progress"] = self.progress
         if iterator is not None:
             parts["input_iterator"] = iterator
         return tf.train.Checkpoint(**parts)

@@ -291,3 +291,227 @@ def test_accumulation_trains_under_several_replicas_and_counts_examples_per_upda
     assert [record["global_step"] for record in metrics_history.read(tmp_path)] == [2, 4]
     reader = tf.train.load_checkpoint(str(tmp_path / "checkpoints" / "ckpt-4"))
     assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == 4
+
+
+# The best checkpoint and early stopping ---------------------------------------------------------------------------
+
+def recipes_of(tmp_path, *overrides, trainer=None):
+    """A training run's Recipes over a RunDirectory in `tmp_path`, with the tiny trainer of these tests."""
+    from tf_harness.experiments import recipes
+    from tf_harness.experiments.run_dir.directory import RunDirectory
+    from tf_harness.experiments.settings import Settings
+    from tests.conftest import compose
+    from tests.test_training_loop import PAIRS, SIZE
+
+    trainer = trainer or make_trainer(*overrides)
+    settings = Settings.from_config(compose("dataset=lfw_pairs", f"pipeline.image_size={SIZE}", *overrides))
+    made = recipes.Recipes(settings, PAIRS, trainer, RunDirectory(tmp_path))
+    made.resume(trainer.step)
+    return made
+
+
+def evaluate_at(made, tmp_path, step, accuracy):
+    """An evaluation of `accuracy` at `step`, as the Evaluator writes it and the Controller counts it."""
+    from tf_harness.experiments.summaries import write_metrics
+    made.trainer.global_step.assign(step)
+    values = {"accuracy": accuracy, "loss": 1.0 - accuracy}
+    write_metrics(tmp_path, {**values, "global_step": step})
+    made.evaluated(values, step)
+
+
+def test_the_best_evaluation_is_kept_with_its_record_and_the_others_go(tmp_path):
+    made = recipes_of(tmp_path, "trainer.keep_best=true")
+    for step, accuracy in ((2, 0.5), (4, 0.75), (6, 0.75), (8, 0.6)):  # 0.75 again is no improvement
+        evaluate_at(made, tmp_path, step, accuracy)
+    record = json.loads((tmp_path / "best.json").read_text())
+    assert record == {"metric": "accuracy", "mode": "max", "value": 0.75, "global_step": 4, "checkpoint": "best/ckpt-4"}
+    assert sorted(path.name for path in (tmp_path / "best").iterdir()) == ["ckpt-4.data-00000-of-00001",
+                                                                            "ckpt-4.index"]
+    reader = tf.train.load_checkpoint(str(tmp_path / "best" / "ckpt-4"))
+    assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == 4
+    assert not made.stopped  # no patience: never stops
+
+
+@pytest.mark.parametrize("mode, min_delta, values, stop, best", [
+    ("max", 0.0, (0.5, 0.7, 0.6, 0.7, 0.9), 8, (4, 0.7)),  # two in a row without beating 0.7
+    ("max", 0.1, (0.5, 0.55, 0.58, 0.9, 0.9), 6, (2, 0.5)),  # 0.55 and 0.58 are within min_delta of 0.5
+    ("min", 0.0, (0.5, 0.4, 0.3, 0.35, 0.31), 10, (6, 0.3)),
+])
+def test_early_stopping_counts_evaluations_without_an_improvement(tmp_path, caplog, mode, min_delta, values, stop,
+                                                                  best):
+    made = recipes_of(tmp_path, "trainer.early_stopping.patience=2", f"trainer.early_stopping.min_delta={min_delta}",
+                      f"trainer.best_mode={mode}")
+    steps = []
+    with caplog.at_level(logging.INFO):
+        for step, value in zip((2, 4, 6, 8, 10), values):
+            evaluate_at(made, tmp_path, step, value)
+            steps.append(step)
+            if made.stopped:
+                break
+    assert steps[-1] == stop and made.stopped
+    assert (made.best_step, made.best_value) == best
+    (line,) = [record.getMessage() for record in caplog.records if "early" in record.getMessage()]
+    assert line.startswith(f"Stopping early at global step {stop}: trainer.best_metric=accuracy has not improved")
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["stopped_early"] is True and metrics["best_global_step"] == best[0]
+    assert not (tmp_path / "best").exists()  # keep_best off: no checkpoint, the record alone
+    assert json.loads((tmp_path / "best.json").read_text())["checkpoint"] is None
+
+
+def test_a_checkpoint_holds_the_evaluations_before_its_step_and_a_resume_counts_its_own(tmp_path):
+    """The checkpoint of step 4 holds the state of the evaluations before step 4, whether it was saved before the
+    evaluation of step 4 or after it; a run resumed there finds that evaluation in metrics.json and counts it,
+    stopping where the unbroken run stopped, with the same state."""
+    overrides = ("trainer.early_stopping.patience=1", "trainer.keep_best=true")
+    made = recipes_of(tmp_path, *overrides)
+    evaluate_at(made, tmp_path, 2, 0.8)
+    made.trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 2)  # the evaluation enters the state here
+    before = made.trainer.checkpoint().save(str(tmp_path / "before" / "ckpt"))  # ckpt-4, before its evaluation
+    evaluate_at(made, tmp_path, 4, 0.7)
+    assert made.stopped
+    after = made.trainer.checkpoint().save(str(tmp_path / "after" / "ckpt"))  # ckpt-4 saved at the stop
+    assert int(made.trainer.progress.evaluated.numpy()) == 2
+    for prefix in (before, after):
+        reader = tf.train.load_checkpoint(prefix)
+        assert [int(reader.get_tensor(f"progress/{name}/.ATTRIBUTES/VARIABLE_VALUE"))
+                for name in ("evaluated", "best_step", "since_best")] == [2, 2, 0]
+
+    resumed_trainer = make_trainer(*overrides)
+    resumed_trainer.checkpoint().restore(after).assert_existing_objects_matched()
+    resumed = recipes_of(tmp_path, *overrides, trainer=resumed_trainer)
+    assert resumed.stopped and (resumed.last, resumed.best_step, resumed.since_best) == (4, 2, 1)
+    evaluate_at(resumed, tmp_path, 4, 0.7)  # counted once only
+    assert resumed.since_best == 1
+    resumed_trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
+    assert [int(v.numpy()) for v in (resumed_trainer.progress.evaluated, resumed_trainer.progress.since_best)] == [4, 1]
+
+
+def test_the_objective_is_the_last_headline_value_or_the_best(tmp_path):
+    last = recipes_of(tmp_path / "last", "trainer.keep_best=true")
+    best = recipes_of(tmp_path / "best", "trainer.objective=best", "trainer.best_metric=loss", "trainer.best_mode=min")
+    for made, folder in ((last, tmp_path / "last"), (best, tmp_path / "best")):
+        folder.mkdir(exist_ok=True)
+        for step, accuracy in ((2, 0.5), (4, 0.75), (6, 0.6)):
+            evaluate_at(made, folder, step, accuracy)
+    assert last.objective({"accuracy": 0.6}) == 0.6  # the default: the last evaluation's headline metric
+    assert best.objective({"accuracy": 0.6}) == pytest.approx(0.25)  # the lowest loss, 1 - 0.75
+
+
+def test_the_sweep_summary_takes_the_best_value_where_the_job_reports_it(tmp_path):
+    from omegaconf import OmegaConf
+    from tf_harness.experiments import sweep_report
+
+    (tmp_path / "best.json").write_text(json.dumps({"metric": "auc", "value": 0.9, "global_step": 4}))
+    (tmp_path / "metrics.json").write_text(json.dumps({"accuracy": 0.6, "auc": 0.7, "global_step": 6}))
+    outcome = {"status": 0, "error": None, "value": None, "ran": True}
+    config = OmegaConf.create({"mode": "train_and_evaluate", "dataset": {"name": "lfw_pairs"},
+                               "trainer": {"objective": "last", "best_metric": "auc"}})
+    assert sweep_report.with_recorded_metric(config, tmp_path, outcome)["value"] == 0.6
+    assert sweep_report.headline_of(config, 0.6) == "accuracy"
+    config.trainer.objective = "best"
+    assert sweep_report.with_recorded_metric(config, tmp_path, outcome)["value"] == 0.9
+    assert sweep_report.headline_of(config, 0.9) == "auc"
+
+
+def test_a_run_keeps_its_best_stops_early_stays_stopped_and_evaluates_its_best(tmp_path):
+    run_dir = tmp_path / "run"
+    args = (*SMOKE, "trainer.train_steps=12", "trainer.keep_best=true", "trainer.keep_checkpoints=1",
+            "trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=0.5", f"hydra.run.dir={run_dir}")
+    trained = run_cli(*args)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    # The first evaluation is the best; the second cannot beat it by 0.5: the run stops there, at step 4.
+    assert [record["global_step"] for record in metrics_history.read(run_dir)] == [2, 4]
+    record = json.loads((run_dir / "best.json").read_text())
+    assert record["global_step"] == 2 and record["checkpoint"] == "best/ckpt-2"
+    assert sorted(path.name for path in (run_dir / "checkpoints").glob("*.index")) == ["ckpt-4.index"]
+    assert (run_dir / "best" / "ckpt-2.index").is_file()  # keep_checkpoints=1 never deletes it
+    log = (run_dir / "run.log").read_text()
+    assert log.count("Stopping early at global step 4") == 1
+    assert json.loads((run_dir / "metrics.json").read_text())["stopped_early"] is True
+
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "The run stopped early at global step 4" in (run_dir / "run.log").read_text()
+    assert len(metrics_history.read(run_dir)) == 2  # nothing trained, nothing evaluated
+
+    best = run_cli(f"hydra.run.dir={run_dir}", "mode=evaluate", "checkpoint=best")
+    assert best.returncode == 0, best.stderr[-3000:]
+    evaluated = json.loads((run_dir / "metrics.json").read_text())
+    assert evaluated["global_step"] == 2 and evaluated["accuracy"] == record["value"]  # reproduced exactly
+
+    missing = run_cli(f"hydra.run.dir={run_dir}", "mode=evaluate", "checkpoint=3")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().splitlines()[-1] == (
+        f"config error: checkpoint=3: {run_dir}/checkpoints holds no checkpoint of global step 3; it holds those of "
+        f"global steps 4")
+
+
+# Bad values ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides, line", [
+    (("trainer.early_stopping.patience=-1",), "trainer.early_stopping.patience=-1 is not an integer >= 0, or null"),
+    (("trainer.early_stopping.min_delta=-0.1",), "trainer.early_stopping.min_delta=-0.1 is not a number >= 0"),
+    (("trainer.ema_decay=1",), "trainer.ema_decay=1 is not a number in [0, 1), or null"),
+    (("trainer.ema_decay=-0.5",), "trainer.ema_decay=-0.5 is not a number in [0, 1), or null"),
+    (("trainer.accumulate_steps=0",), "trainer.accumulate_steps=0 is not an integer >= 1"),
+    (("trainer.clip_global_norm=0",), "trainer.clip_global_norm=0 is not a number > 0, or null"),
+    (("trainer.best_mode=up",), "trainer.best_mode=up is not one of max|min"),
+    (("trainer.objective=first",), "trainer.objective=first is not one of last|best"),
+    (("dataset=lfw_pairs", "trainer.best_metric=auc/mean"),
+     "trainer.best_metric=auc/mean is not a metric dataset=lfw_pairs writes at every evaluation; it writes "
+     "loss|accuracy|auc"),
+    (("dataset=imagenet_det", "trainer.best_metric=auc"),
+     "trainer.best_metric=auc is not a metric dataset=imagenet_det writes at every evaluation; it writes "
+     "loss|accuracy|top5_accuracy"),
+    (("checkpoint=best",), "checkpoint=best is for mode=evaluate|predict|export; mode=train_and_evaluate resumes"),
+    (("mode=evaluate", "checkpoint=-2"), "checkpoint=-2 is not latest, best or a global step >= 0"),
+    (("mode=export", "checkpoint=81"), "checkpoint=81 is not a global step the run reaches: it takes latest, best or "
+                                       "a step in 0..80 (trainer.train_steps)"),
+])
+def test_a_bad_recipe_value_is_one_line(overrides, line):
+    from tf_harness.experiments import schema
+    from tests.conftest import compose
+
+    problem = schema.first_problem(compose(*overrides), {})
+    assert problem.startswith(line) and "\n" not in problem, problem
+
+
+def test_good_recipe_values_pass():
+    from tf_harness.experiments import schema
+    from tests.conftest import compose
+
+    for overrides in [("trainer.keep_best=true", "trainer.best_metric=auc/Mass", "trainer.early_stopping.patience=0",
+                       "trainer.ema_decay=0", "trainer.accumulate_steps=4", "trainer.clip_global_norm=1"),
+                      ("dataset=lfw_pairs", "trainer.best_metric=loss", "trainer.best_mode=min", "trainer.objective=best"),
+                      ("mode=predict", "checkpoint=best"), ("mode=evaluate", "checkpoint=40")]:
+        assert schema.problems(compose(*overrides), {}) == [], overrides
+
+
+def test_the_schemas_metrics_are_those_an_evaluation_writes():
+    from tf_harness.data import TASKS
+    from tf_harness.experiments import recipes, schema
+
+    for name in TASKS:
+        spec = TASKS[name].SPEC
+        written = recipes.metric_names(spec)
+        assert TASKS.entries[name].task == spec.task
+        assert set(written) - {f"auc/{c}" for c in spec.class_names if spec.task == "multilabel"} == \
+            {"loss", *schema.TASK_METRICS[spec.task]}, name
+
+
+def test_python_run_py_refuses_a_bad_recipe_value_in_one_line_before_tensorflow_starts(tmp_path):
+    import subprocess
+    import sys
+    from tests.conftest import PROJECT
+
+    code = ("import runpy, sys\n"
+            "sys.argv = ['run.py', 'trainer.early_stopping.patience=-1', 'hydra.run.dir=' + sys.argv[1]]\n"
+            "try:\n"
+            "    runpy.run_path('run.py', run_name='__main__')\n"
+            "except SystemExit as exit:\n"
+            "    print(exit.code, 'tensorflow' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], cwd=PROJECT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.stdout.split() == ["2", "False"], result.stderr
+    assert result.stderr.strip() == ("config error: trainer.early_stopping.patience=-1 is not an integer >= 0, or null "
+                                     "(no early stopping)")

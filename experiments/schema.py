@@ -156,6 +156,9 @@ METRIC = _with_null(Key("a metric name", lambda value: isinstance(value, str) an
 TASK_METRICS = {"multilabel": ("auc/mean",), "binary": ("accuracy", "auc"), "multiclass": ("accuracy", "top5_accuracy")}
 # A regular expression, compiled here: an invalid one is a config error before TensorFlow starts.
 REGEX = Key("a regular expression", lambda value: isinstance(value, str) and _compiles(value))
+MULTIPLIERS = Key("a mapping of regular expressions to factors > 0, e.g. {tower: 0.1}",
+                  lambda value: isinstance(value, dict) and all(REGEX.accepts(rule) and _is_number(factor) and factor > 0
+                                                                for rule, factor in value.items()))
 # The strategies (conf/strategy/<name>.yaml, experiments/strategies.py), each with the keys only it has.
 STRATEGY_KEYS = {"auto": {}, "one_device": {}, "mirrored": {"strategy.logical_cpus": integer(1)}, "multi_worker": {}}
 
@@ -193,6 +196,8 @@ KEYS = {
     "trainer.max_nonfinite_steps": integer(1),
     "trainer.clip_global_norm": number(0, low_open=True, null="no clipping"),
     "trainer.accumulate_steps": integer(1),
+    "trainer.freeze": _with_null(REGEX, "every variable trains"),
+    "trainer.lr_multipliers": _with_null(MULTIPLIERS, "all at the learning rate"),
     "trainer.keep_best": FLAG,
     "trainer.best_metric": METRIC,
     "trainer.best_mode": one_of("max", "min"),

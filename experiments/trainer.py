@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import graph_optimizer, metrics, optimizers, recipes
+from tf_harness.experiments import fine_tuning, graph_optimizer, metrics, optimizers, recipes
 from tf_harness.experiments.loop_input import LoopInput
 from tf_harness.models import BUILDERS
 
@@ -167,11 +167,14 @@ class Trainer:
         with strategy.scope():
             self.model = BUILDERS[settings.model.name](settings.model, spec, image_size)
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            self.optimizer = _optimizer(settings.trainer, self.global_step)
+            # trainer.freeze and lr_multipliers (experiments/fine_tuning.py): what trains, at what rate.
+            self.trained = fine_tuning.trained_variables(self.model, settings.trainer.freeze)
+            factors = fine_tuning.multipliers(self.trained, settings.trainer.lr_multipliers)
+            self.optimizer = _optimizer(settings.trainer, self.global_step, factors)
             if self.mixed_precision:
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             # Keras 3 optimizers must create their slots before the first distributed step (keras#19246).
-            self.optimizer.build(self.model.trainable_variables)
+            self.optimizer.build(self.trained)
             # The best evaluation so far, with trainer.keep_best, early stopping or objective=best.
             self.progress = recipes.Progress() if recipes.tracks(settings.trainer) else None
             # Not checkpointed: a resumed run counts afresh.
@@ -229,14 +232,14 @@ class Trainer:
             if self.model.losses:
                 loss += tf.add_n(self.model.losses) / self.replicas
             scaled = self.optimizer.scale_loss(loss)
-        return loss, tf.cast(logits, tf.float32), tape.gradient(scaled, self.model.trainable_variables)
+        return loss, tf.cast(logits, tf.float32), tape.gradient(scaled, self.trained)
 
     def _accumulated(self, step, features, labels, weights):
         """`_gradients` over an update's trainer.accumulate_steps batches, stacked on a first axis: the mean loss,
         the logits one batch after the other, and the mean gradients. A while loop, so the step's graph holds
         the model once whatever the count."""
         count = self.accumulate_steps
-        variables = self.model.trainable_variables
+        variables = self.trained
 
         def body(i, loss_sum, sums, logits):
             batch = tf.nest.map_structure(lambda tensor: tensor[i], (features, labels, weights))
@@ -277,7 +280,7 @@ class Trainer:
         return failed == 0
 
     def _apply_if(self, finite, gradients):
-        variables = self.model.trainable_variables
+        variables = self.trained
 
         def apply():
             self.optimizer.apply(gradients, variables)
@@ -513,7 +516,7 @@ def _stacked(batches):
     return tf.nest.map_structure(lambda *tensors: tf.stack(tensors), *batches)
 
 
-def _optimizer(trainer_settings, global_step):
+def _optimizer(trainer_settings, global_step, multipliers=()):
     """The optimizer the trainer settings name, its schedule evaluated at `global_step`.
 
     Keras would evaluate a schedule at `optimizer.iterations`, which counts applied updates only, so
@@ -527,7 +530,8 @@ def _optimizer(trainer_settings, global_step):
                                warmup_steps=trainer_settings.warmup_steps, decay_steps=trainer_settings.decay_steps,
                                decay_rate=trainer_settings.decay_rate)
     return optimizers.optimizer(trainer_settings.optimizer, rate, step=global_step, momentum=trainer_settings.momentum,
-                                weight_decay=trainer_settings.weight_decay, ema_decay=trainer_settings.ema_decay)
+                                weight_decay=trainer_settings.weight_decay, ema_decay=trainer_settings.ema_decay,
+                                multipliers=multipliers)
 
 
 class _CheckedEvalStep:

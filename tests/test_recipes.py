@@ -515,3 +515,81 @@ def test_python_run_py_refuses_a_bad_recipe_value_in_one_line_before_tensorflow_
     assert result.stdout.split() == ["2", "False"], result.stderr
     assert result.stderr.strip() == ("config error: trainer.early_stopping.patience=-1 is not an integer >= 0, or null "
                                      "(no early stopping)")
+
+
+# Fine-tuning controls ---------------------------------------------------------------------------------------------
+
+def by_path(trainer):
+    return {variable.path: variable.numpy().copy() for variable in trainer.model.variables}
+
+
+def test_frozen_variables_and_their_batch_norm_statistics_stay_as_they_were(caplog):
+    with caplog.at_level(logging.INFO):
+        trainer = make_trainer("trainer.freeze='^tower/'", "trainer.ema_decay=0.5")
+    before = by_path(trainer)
+    trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 2)
+    after = by_path(trainer)
+    tower = [path for path in before if path.startswith("tower/")]
+    assert any("moving_mean" in path for path in tower)  # the batch-norm statistics, in inference mode
+    assert all(np.array_equal(before[path], after[path]) for path in tower)
+    assert not np.array_equal(before["logits/kernel"], after["logits/kernel"])  # the head trains
+    assert [v.path for v in trainer.trained] == ["embedding/kernel", "embedding/bias", "head/kernel", "head/bias",
+                                                 "logits/kernel", "logits/bias"]
+    assert len(trainer.optimizer._model_variables_moving_average) == 6  # slots and averages for the trained alone
+    assert "trainer.freeze=^tower/: 6 of 12 trainable variables frozen, 6 trained; 2 batch-normalization layer(s) " \
+           "in inference mode" in caplog.text
+
+
+def test_a_learning_rate_multiplier_scales_the_update_of_the_variables_it_matches(caplog):
+    def change(*overrides):
+        tf.keras.utils.set_random_seed(0)
+        trainer = make_trainer("trainer.optimizer=sgd", "trainer.momentum=0.0", "trainer.learning_rate=0.1",
+                               *overrides)
+        before = by_path(trainer)
+        trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
+        return {path: value - before[path] for path, value in by_path(trainer).items()}
+
+    plain = change()
+    with caplog.at_level(logging.INFO):
+        scaled = change("trainer.lr_multipliers={logits: 3.0, head: 0.5, /kernel: 2.0}")
+    def same(actual, expected):  # a weight's change, read as the difference of two weights: float noise
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6)
+        assert np.abs(expected).max() > 1e-4
+
+    same(scaled["logits/kernel"], 3.0 * plain["logits/kernel"])  # the first rule that matches
+    same(scaled["head/kernel"], 0.5 * plain["head/kernel"])
+    same(scaled["embedding/kernel"], 2.0 * plain["embedding/kernel"])
+    same(scaled["tower/bn0/gamma"], plain["tower/bn0/gamma"])  # no rule: the learning rate
+    assert "trainer.lr_multipliers: 'logits' x3 matched 2, 'head' x0.5 matched 2, '/kernel' x2 matched 5; 7 of 12 " \
+           "trained variables take a factor" in caplog.text
+
+
+@pytest.mark.parametrize("override, line", [
+    ("trainer.freeze='^backbone/'", "trainer.freeze=^backbone/ matches none of the model's 12 trainable variables"),
+    ("trainer.lr_multipliers={logits: 2, backbone: 0.1}",
+     "trainer.lr_multipliers: 'backbone' matches none of the 12 trained variables"),
+])
+def test_a_rule_that_matches_nothing_is_a_config_error_in_one_line(override, line):
+    from tf_harness.data.errors import ConfigError
+    with pytest.raises(ConfigError) as error:
+        make_trainer(override)
+    assert str(error.value).startswith(line) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("key, value, line", [
+    ("trainer.freeze", "tower(", "trainer.freeze=tower( is not a regular expression, or null"),
+    ("trainer.lr_multipliers", {"tower(": 0.1},
+     'trainer.lr_multipliers={"tower(":0.1} is not a mapping of regular expressions to factors > 0'),
+    ("trainer.lr_multipliers", {"tower": 0}, 'trainer.lr_multipliers={"tower":0} is not a mapping'),
+    ("trainer.lr_multipliers", {"tower": "fast"}, 'trainer.lr_multipliers={"tower":"fast"} is not a mapping'),
+])
+def test_an_invalid_rule_is_refused_before_tensorflow_starts(key, value, line):
+    """Set as a YAML file would set it: Hydra's command line takes neither `(` nor `^` in a mapping's key."""
+    from omegaconf import OmegaConf
+    from tf_harness.experiments import schema
+    from tests.conftest import compose
+
+    cfg = compose()
+    OmegaConf.update(cfg, key, value, merge=False)
+    problem = schema.first_problem(cfg, {})
+    assert problem.startswith(line) and "\n" not in problem, problem

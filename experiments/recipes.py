@@ -176,8 +176,9 @@ class Recipes:
         checkpoint holds it already; either way it holds the state before that step's evaluation, which a resumed
         run counts again (the module's docstring)."""
         step = self.trainer.step
-        if manager.latest_checkpoint != self.run_dir.checkpoint_path(step):
-            save(manager, step)
+        with interrupts.deferred():  # a signal waits for the save: the stop is whole, or resumed from ckpt-<step>
+            if manager.latest_checkpoint != self.run_dir.checkpoint_path(step):
+                save(manager, step)
 
     # The best checkpoint ---------------------------------------------------------------------------------------
     def _record(self, step, value, previous) -> None:

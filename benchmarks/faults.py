@@ -1,7 +1,7 @@
 """Fault trials: a run stopped at a random instant, then resumed, must end as if never stopped.
 
     python -m benchmarks faults [--datasets lfw_pairs,chest_xray,imagenet_det] [--trials 20]
-                                [--faults SIGTERM,SIGINT,SIGKILL] [--seed 0] [--work DIR]
+                                [--faults SIGTERM,SIGINT,SIGKILL] [--seed 0] [--work DIR] [--recipes]
 
 For each dataset a small deterministic run is made once without a fault (the reference), noting
 when each line of its output came. Each trial starts the same run in a fresh run directory and
@@ -22,10 +22,16 @@ the directory until it exits 0 and checks:
   steps logged after its last checkpoint to be trained and logged again on resume (TensorBoard
   shows both events; TF2's writers leave it no mark to purge the orphans by), so there the last
   event of each step must equal the reference's.
+- with --recipes, the runs train with a recipe set (RECIPES: the best checkpoint, early stopping, EMA weights
+  and gradient accumulation together, docs/training-loop.md#training-recipes), evaluating every 3 steps so that
+  they stop early at step 9, between two checkpoints; the final checkpoint's tensors then include the averages
+  and the best evaluation's state, and best.json, the best checkpoint's tensors and metrics.json's
+  `stopped_early` must equal the reference's too.
 Prints k/n per dataset and fault, and the reason of each failed trial; it exits 1 when a trial failed.
 With --trials 0 it makes the reference runs alone.
 """
 import argparse
+import json
 import os
 import random
 import shutil
@@ -47,6 +53,10 @@ STEPS = 12
 COMMON = ("deterministic=true", "pipeline.batch_size=4", f"trainer.train_steps={STEPS}", "trainer.log_every=1",
           "trainer.checkpoint_every=4", "trainer.eval_every=6", "trainer.eval_steps=2", "trainer.keep_checkpoints=2")
 SMALL_ALEXNET = ("model.filters=[8,16,16,16,16]", "model.dense_units=32")  # dropout 0.5 kept
+# The recipe set of --recipes: evaluations at 3 (the best: no later one beats it by 0.5), 6 and 9, where the run
+# stops, after patience=2 evaluations without an improvement; checkpoints at 4 and 8, and 9 at the stop.
+RECIPES = ("trainer.eval_every=3", "trainer.keep_best=true", "trainer.early_stopping.patience=2",
+           "trainer.early_stopping.min_delta=0.5", "trainer.ema_decay=0.9", "trainer.accumulate_steps=2")
 DATASETS = {
     "lfw_pairs": ("dataset=lfw_pairs", "pipeline.image_size=32", "model.widths=[8,16]", "model.embedding_size=16",
                   "model.head_units=8"),
@@ -55,23 +65,24 @@ DATASETS = {
 }
 
 
-def command(dataset, run_dir):
-    return [sys.executable, "run.py", *DATASETS[dataset], *COMMON, f"hydra.run.dir={run_dir}"]
+def command(dataset, run_dir, extra=()):
+    """The run's command line; `extra`: overrides added after the common ones (RECIPES)."""
+    return [sys.executable, "run.py", *DATASETS[dataset], *COMMON, *extra, f"hydra.run.dir={run_dir}"]
 
 
-def start(dataset, run_dir):
+def start(dataset, run_dir, extra=()):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.Popen(command(dataset, run_dir), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+    return subprocess.Popen(command(dataset, run_dir, extra), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
 
 
-def reference(dataset, work):
+def reference(dataset, work, extra=()):
     """Runs `dataset` once without a fault; returns (run dir, anchors): each anchor is (output lines so far,
     seconds since the start), from the process start to its exit. Lines that come together (the config's
     many lines) make one anchor, so no moment weighs more for its line count."""
     run_dir = work / dataset / "reference"
     started = time.perf_counter()
-    process = start(dataset, run_dir)
+    process = start(dataset, run_dir, extra)
     lines, anchors = [], [(0, 0.0)]
     for line in process.stdout:
         lines.append(line)
@@ -93,10 +104,10 @@ def instant(rng, anchors):
     return lines, rng.uniform(0, until - at)
 
 
-def interrupt(dataset, run_dir, fault, anchor, delay):
+def interrupt(dataset, run_dir, fault, anchor, delay, extra=()):
     """Starts the run; once it has printed `anchor` lines, waits `delay` seconds and sends `fault` unless it has
     ended. Returns (exit status, output)."""
-    process = start(dataset, run_dir)
+    process = start(dataset, run_dir, extra)
     output, reached = [], threading.Event()
 
     def read():
@@ -125,19 +136,20 @@ def expected_statuses(fault):
     return {0, -signum} if fault == "SIGKILL" else {0, 128 + signum, -signum}
 
 
-def resume(dataset, run_dir, tries=2):
+def resume(dataset, run_dir, tries=2, extra=()):
     """Re-runs the command into `run_dir` until it exits 0; returns None or what went wrong."""
     for _ in range(tries):
-        done = subprocess.run(command(dataset, run_dir), cwd=ROOT, capture_output=True, text=True, timeout=900,
+        done = subprocess.run(command(dataset, run_dir, extra), cwd=ROOT, capture_output=True, text=True, timeout=900,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         if done.returncode == 0:
             return None
     return f"resume exited {done.returncode}: {done.stderr.strip().splitlines()[-1:] or done.stdout[-500:]}"
 
 
-def final_tensors(run_dir):
+def final_tensors(run_dir, path=None):
+    """(path, {name: value}) of the checkpoint at `path`, by default the run's latest."""
     import tensorflow as tf
-    path = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    path = path or tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
     reader = tf.train.load_checkpoint(path)
     # The input iterator is a variant tensor; the object graph's proto bytes need not repeat; save_counter
     # counts saves, which an interrupt adds (its own), not training state.
@@ -158,10 +170,32 @@ def loss_events(logdir):
     return [(event.step, float(tf.make_ndarray(event.tensor_proto))) for event in accumulator.Tensors("loss")]
 
 
-def differences(expected_dir, run_dir, killed):
+def recipe_records(run_dir):
+    """What the recipes leave beside the checkpoints: best.json, and metrics.json's early-stopping keys."""
+    def read(name):
+        try:
+            return json.loads((run_dir / name).read_text())
+        except (OSError, ValueError):
+            return None
+    metrics = read("metrics.json") or {}
+    return read("best.json"), {key: metrics.get(key) for key in ("global_step", "stopped_early", "best_global_step")}
+
+
+def differences(expected_dir, run_dir, killed, recipes=False):
     """What differs between the reference's outcome and the run's: a list of short reasons."""
     import numpy as np
     problems = []
+    if recipes:
+        (want_best, want_stop), (best, stop) = recipe_records(expected_dir), recipe_records(run_dir)
+        if best != want_best:
+            problems.append(f"best.json {best}, not {want_best}")
+        if stop != want_stop:
+            problems.append(f"metrics.json {stop}, not {want_stop}")
+        if want_best and best == want_best:
+            _, expected_best = final_tensors(expected_dir, str(expected_dir / want_best["checkpoint"]))
+            _, actual_best = final_tensors(run_dir, str(run_dir / best["checkpoint"]))
+            if any(not np.array_equal(expected_best[name], actual_best.get(name)) for name in expected_best):
+                problems.append(f"the tensors of {best['checkpoint']} differ")
     (expected_path, expected), (path, actual) = final_tensors(expected_dir), final_tensors(run_dir)
     if Path(path).name != Path(expected_path).name:
         problems.append(f"latest checkpoint {Path(path).name}, not {Path(expected_path).name}")
@@ -181,27 +215,28 @@ def differences(expected_dir, run_dir, killed):
     return problems
 
 
-def trial(dataset, fault, when, expected_dir, run_dir):
+def trial(dataset, fault, when, expected_dir, run_dir, extra=()):
     """One trial; returns (exit status, None or the reason it failed)."""
-    status, output = interrupt(dataset, run_dir, fault, *when)
+    status, output = interrupt(dataset, run_dir, fault, *when, extra=extra)
     if status not in expected_statuses(fault):
         return status, f"exit status {status}: {output.strip().splitlines()[-1:]}"
     if status != 0:
-        problem = resume(dataset, run_dir)
+        problem = resume(dataset, run_dir, extra=extra)
         if problem:
             return status, problem
-    problems = differences(expected_dir, run_dir, killed=fault == "SIGKILL")
+    problems = differences(expected_dir, run_dir, killed=fault == "SIGKILL", recipes=bool(extra))
     return status, "; ".join(problems) or None
 
 
-def run_trials(datasets, faults, trials, seed=0, work=None, log=print):
-    """Runs `trials` trials per dataset and fault, round-robin (so a run cut short still covers each);
-    returns {(dataset, fault): (passed, run, failures, exit statuses)}."""
+def run_trials(datasets, faults, trials, seed=0, work=None, log=print, recipes=False):
+    """Runs `trials` trials per dataset and fault, round-robin (so a run cut short still covers each), with the
+    recipe set RECIPES when `recipes`; returns {(dataset, fault): (passed, run, failures, exit statuses)}."""
     rng = random.Random(seed)
     work = Path(work or tempfile.mkdtemp(prefix="faults-"))
+    extra = RECIPES if recipes else ()
     references = {}
     for dataset in datasets:
-        references[dataset] = reference(dataset, work)
+        references[dataset] = reference(dataset, work, extra)
         log(f"{dataset}: reference run {references[dataset][1][-1][1]:.1f} s, "
             f"{len(references[dataset][1]) - 1} instants to draw from")
     counts = {(dataset, fault): (0, 0, [], []) for dataset in datasets for fault in faults}
@@ -211,7 +246,7 @@ def run_trials(datasets, faults, trials, seed=0, work=None, log=print):
             for fault in faults:
                 when = instant(rng, anchors)
                 run_dir = work / dataset / f"{fault}-{number}"
-                status, problem = trial(dataset, fault, when, expected_dir, run_dir)
+                status, problem = trial(dataset, fault, when, expected_dir, run_dir, extra)
                 where = f"{when[1]:.2f} s after line {when[0]}"
                 log(f"{dataset} {fault} #{number} {where}: exit {status}, {problem or 'ok'}")
                 passed, run, failures, statuses = counts[dataset, fault]
@@ -243,10 +278,13 @@ def main(argv=None):
     parser.add_argument("--trials", type=int, default=20, help="trials per dataset and fault")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", help="where the run directories go (default: a new temporary folder)")
+    parser.add_argument("--recipes", action="store_true", help="train with the recipe set RECIPES: the best "
+                        "checkpoint, early stopping, EMA weights and gradient accumulation")
     args = parser.parse_args(argv)
     with record.recorded(NAME, argv, devices=False):  # TensorFlow runs in the trials' processes
         started = time.time()
-        counts = run_trials(args.datasets.split(","), args.faults.split(","), args.trials, args.seed, args.work)
+        counts = run_trials(args.datasets.split(","), args.faults.split(","), args.trials, args.seed, args.work,
+                            recipes=args.recipes)
         report(counts)
         print(f"{time.time() - started:.0f} s in all")
     return 0 if all(passed == run for passed, run, _, _ in counts.values()) else 1

@@ -6,23 +6,31 @@ Nothing here imports TensorFlow, so the check reads them before TensorFlow start
 imported when the Task itself is first asked for, and takes its OPTIONS and ``SPEC.paired`` from its line.
 Adding a dataset: docs/adding-a-dataset.md.
 """
+from dataclasses import dataclass
+
 from tf_harness.data.errors import ConfigError  # noqa: F401  (re-exported)
 from tf_harness.data.registry import INPUTS, Entry, Registry  # noqa: F401  (INPUTS re-exported)
 
 
+@dataclass(frozen=True)
 class Dataset(Entry):
     """A dataset's line: its Task class (``"module:Class"``), ``inputs`` (``single`` or ``pair``: what an example
-    is, the Task's ``SPEC.paired``) and ``options`` (the Task's OPTIONS: the ``dataset.*`` keys its constructor
-    takes besides the decode settings)."""
+    is, the Task's ``SPEC.paired``), ``options`` (the Task's OPTIONS: the ``dataset.*`` keys its constructor
+    takes besides the decode settings) and ``task`` (``SPEC.task``: which metrics an evaluation writes, for the
+    check of trainer.best_metric; None: checked once TensorFlow runs)."""
+
+    task: str = None
 
 
 # The datasets ---------------------------------------------------------------------------------------
 
 # One line per dataset: its config name (conf/dataset/<name>.yaml), its Task class and what it declares.
 TASKS = Registry({
-    "chest_xray": Dataset("tf_harness.data.chest_xray:ChestXray", inputs="single", options=("validation_fraction",)),
-    "imagenet_det": Dataset("tf_harness.data.imagenet_det:ImagenetDet", inputs="single"),
-    "lfw_pairs": Dataset("tf_harness.data.lfw_pairs:LfwPairs", inputs="pair", options=("eval_pairs", "fold")),
+    "chest_xray": Dataset("tf_harness.data.chest_xray:ChestXray", inputs="single", options=("validation_fraction",),
+                          task="multilabel"),
+    "imagenet_det": Dataset("tf_harness.data.imagenet_det:ImagenetDet", inputs="single", task="multiclass"),
+    "lfw_pairs": Dataset("tf_harness.data.lfw_pairs:LfwPairs", inputs="pair", options=("eval_pairs", "fold"),
+                         task="binary"),
 })
 
 

@@ -35,6 +35,9 @@ class DatasetSpec:
                              f"TASKS (data/__init__.py), inputs={entry.inputs!r}; leave paired out")
         if self.paired is None:
             object.__setattr__(self, "paired", entry.paired)
+        if getattr(entry, "task", None) not in (None, self.task):
+            raise ValueError(f"DatasetSpec(name={self.name!r}, task={self.task!r}) disagrees with its line in TASKS "
+                             f"(data/__init__.py), task={entry.task!r}")
 
     @property
     def num_outputs(self) -> int:

@@ -1,5 +1,5 @@
 """Evaluation and prediction passes over a split: its logits in table order, an evaluation's metrics and
-summaries (metrics.json), and predictions.csv.
+summaries (metrics.json, and every evaluation in metrics.jsonl: experiments/metrics_history.py), and predictions.csv.
 
 The runner's controller (experiments/runner.py) evaluates on its interval, for mode=evaluate and for the sidecar
 evaluator, and predicts for mode=predict, through one `Evaluator`.
@@ -14,7 +14,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
 from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
-from tf_harness.experiments import metrics
+from tf_harness.experiments import metrics, metrics_history
 from tf_harness.experiments.run_dir import interrupts
 from tf_harness.experiments.summaries import evaluated_step, write_metrics
 
@@ -67,9 +67,9 @@ class Evaluator:
         return np.concatenate(logits)[:seen], total_loss, np.concatenate(weights)[:seen] > 0
 
     def evaluate(self) -> dict:
-        """Evaluates the trainer's weights on the validation split and writes metrics.json; a fresh iterator
-        each time."""
-        with logging_redirect_tqdm():
+        """Evaluates the trainer's weights (their moving average with trainer.ema_decay: the trainer's `averaged`)
+        on the validation split and writes metrics.json; a fresh iterator each time."""
+        with logging_redirect_tqdm(), self.trainer.averaged():
             return self._evaluate()
 
     def _evaluate(self) -> dict:
@@ -89,13 +89,15 @@ class Evaluator:
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)
             self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
+            record = {**values, "global_step": step, "examples": count, "split_examples": len(table)}
+            if self.write:  # before metrics.json: a kill between the two redoes the evaluation, losing no line
+                metrics_history.append(self.model_dir, record)
             later = evaluated_step(self.model_dir) if self.beside else None
             if self.write and later is not None and later > step:
                 log.info("metrics.json holds the evaluation of a later global step (%d) and is left as it is; this "
-                         "one is in validation/ and this log", later)
+                         "one is in validation/, metrics.jsonl and this log", later)
             elif self.write:
-                write_metrics(self.model_dir, {**values, "global_step": step, "examples": count,
-                                               "split_examples": len(table)})
+                write_metrics(self.model_dir, record)
         self.last_values = values
         if self.eval_steps is not None:
             log.info("Evaluated %d of %d %s examples (%s)", count, len(table), self.split, self._sample_note())
@@ -116,13 +118,13 @@ class Evaluator:
         return note
 
     def predict(self):
-        """Writes predictions.csv, one row per example: the image path(s), a probability per class, the true
-        label(s) where the split has them (`label`, or `label/<class>` per class for multi-label), and the
-        checkpoint's `global_step`."""
+        """Writes predictions.csv, one row per example (with trainer.ema_decay, from the averaged weights): the image
+        path(s), a probability per class, the true label(s) where the split has them (`label`, or `label/<class>`
+        per class for multi-label), and the checkpoint's `global_step`."""
         split = "test" if "test" in self.tables else self.split
         table = self.tables[split]
         # Every worker takes part: the steps are collective.
-        with logging_redirect_tqdm():
+        with logging_redirect_tqdm(), self.trainer.averaged():
             logits, _, counted = self._outputs(self.input_fn(split), len(table))
         self.note_unreadable()
         if not self.write:

@@ -155,17 +155,19 @@ def damage(folder: Path) -> str | None:
     return None
 
 
-def export(task, trainer, run_dir):
-    """Exports the run directory's newest restorable checkpoint (experiments/run_dir/checkpoints.py `newest_finite`,
-    as evaluate and predict find it), restored into `trainer`, to `<run>/export/<global_step>/`; returns that
-    folder, or None on a worker that is not the chief (the chief alone writes it). An export already there is left
-    as it is."""
+def export(task, trainer, run_dir, restored=None):
+    """Exports a checkpoint to `<run>/export/<global_step>/`: `restored`, restored into `trainer` already
+    (`checkpoint=best|<step>`), or by default the run directory's newest restorable one
+    (experiments/run_dir/checkpoints.py `newest_finite`, as evaluate and predict find it), restored here. Returns
+    that folder, or None on a worker that is not the chief (the chief alone writes it). An export already there is
+    left as it is."""
     if not run_dir.chief:
         return None
-    latest = run_dir.latest()
+    latest = restored or run_dir.latest()
     if latest is None:
         raise no_checkpoint("export", run_dir.checkpoint_dir)
-    trainer.checkpoint().restore(latest).expect_partial()
+    if restored is None:
+        trainer.checkpoint().restore(latest).expect_partial()
     export_dir = run_dir.model_dir / FOLDER
     target = export_dir / str(trainer.step)
     if target.exists() or target.is_symlink():

@@ -21,11 +21,11 @@ from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import export, metrics, review, sidecar, strategies, warm_start, xla_cache
+from tf_harness.experiments import export, metrics, recipes, review, sidecar, strategies, warm_start, xla_cache
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
-from tf_harness.experiments.schema import TRAINING_MODES
+from tf_harness.experiments.schema import EVALUATION_MODES, TRAINING_MODES
 from tf_harness.experiments.settings import Settings
 from tf_harness.experiments.startup import StartupClock
 from tf_harness.experiments.summaries import Summaries
@@ -38,7 +38,8 @@ _POLICIES = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixe
 def run(settings: Settings):
     """Runs one Hydra job with `settings`, the config read once the schema passed it (experiments/cli.py
     `guarded`); the run directory is the model_dir. Returns the last evaluation's headline metric (None when the
-    mode does not evaluate), which a sweeper such as Optuna optimises."""
+    mode does not evaluate), or with trainer.objective=best the best value of trainer.best_metric, which a sweeper
+    such as Optuna optimises."""
     # Settings ---------------------------------------------------------------------------------------------------
     clock = StartupClock()
     model_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -113,12 +114,12 @@ def run(settings: Settings):
                             context=strategies.input_context(strategy), writes=writes)
 
     # Restore: 1. the run's own newest restorable checkpoint, 2. trainer.init_checkpoint, 3. scratch ------------
-    # Training restores its input iterator too; the sidecar restores each new checkpoint as it comes, and export
-    # the one it writes out.
+    # Training restores its input iterator too; evaluate, predict and export the checkpoint `checkpoint=` names;
+    # the sidecar each new checkpoint as it comes.
     training = not evaluator and settings.mode in TRAINING_MODES
     if training:
         iterator, manager = controller.resume()
-    elif settings.mode in ("evaluate", "predict"):
+    elif settings.mode in EVALUATION_MODES:
         controller.restore()
 
     # Loop: the mode ----------------------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ def run(settings: Settings):
 
     # Close ------------------------------------------------------------------------------------------------------
     summaries.close()
-    return controller.evaluator.last_values.get(metrics.headline(task.SPEC.task))
+    return controller.recipes.objective(controller.evaluator.last_values)  # trainer.objective: last or best
 
 
 class Controller:
@@ -155,6 +156,7 @@ class Controller:
                                    seed=pipeline.seed, input_fn=self._eval_input, note_unreadable=self.note_unreadable,
                                    write=run_dir.chief, beside=sidecar.wanted(settings))
         self.note_unreadable()  # what an earlier life of this run found
+        self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
 
     # Input ---------------------------------------------------------------------------------------------------
     def _input_fn(self, split, training, rows=None):
@@ -174,21 +176,25 @@ class Controller:
 
     # The modes that read a checkpoint ------------------------------------------------------------------------
     def restore(self):
-        """Restores the run's newest restorable checkpoint into the model (evaluate, predict, export)."""
-        latest = self.run_dir.latest()
-        if latest is None:
-            raise no_checkpoint(self.settings.mode, self.run_dir.checkpoint_dir)
-        self.trainer.checkpoint().restore(latest).expect_partial()
-        log.info("Restored %s (global step %d)", latest, self.trainer.step)
+        """Restores the checkpoint that `checkpoint=latest|best|<step>` names (evaluate, predict, export): by
+        default the run's newest restorable one."""
+        self.restored = recipes.chosen_checkpoint(self.settings.checkpoint, self.run_dir, self.settings.mode)
+        self.trainer.checkpoint().restore(self.restored).expect_partial()
+        log.info("Restored %s (global step %d)", self.restored, self.trainer.step)
 
     def evaluate(self):
-        return self.evaluator.evaluate()
+        """Evaluates the trainer's weights; in a training run, also counts the evaluation for the best checkpoint
+        and early stopping (experiments/recipes.py)."""
+        values = self.evaluator.evaluate()
+        self.recipes.evaluated(values, self.trainer.step)
+        return values
 
     def predict(self):
         self.evaluator.predict()
 
     def export(self):
-        return export.export(self.task, self.trainer, self.run_dir)
+        with self.trainer.averaged():  # trainer.ema_decay: the averaged weights are what is served
+            return export.export(self.task, self.trainer, self.run_dir, self.restored)
 
     def continuous_eval(self):
         """The sidecar evaluator: each new checkpoint of the run, until the final step (experiments/sidecar.py)."""
@@ -212,6 +218,7 @@ class Controller:
                 iterator = iter(self._input_fn("train", training=True))
                 checkpoint = self.trainer.checkpoint(iterator)
         manager = self.run_dir.manager(checkpoint, latest, self.trainer, self.settings, save_input)
+        self.recipes.resume(self.trainer.step)  # counts an evaluation the checkpoint was saved before
         self.clock.lap("input_fn")
         return iterator, manager
 
@@ -238,7 +245,7 @@ class Controller:
                     and not self.run_dir.evaluated(step):
                 log.info("Redoing the evaluation at global step %d, which was interrupted", step)
                 self.evaluate()
-            while step < target:
+            while step < target and not self.recipes.stopped:  # trainer.early_stopping
                 profiler.update(step)
                 length = profiler.loop_length(step, loop_length(step, trainer.steps_per_loop, target, intervals))
                 # A signal waits for the loop's end (experiments/run_dir/interrupts.py): the loop, its summary and
@@ -272,17 +279,20 @@ class Controller:
         finally:
             profiler.close()
             progress.close()
+        if self.recipes.stopped:  # the step it stopped at is evaluated; it is saved too
+            return self.recipes.save_stop(manager, self._save_finite)
         if evaluate and (step > start or not self.run_dir.evaluated(step)):  # done already if interrupted after it
             self.evaluate()
 
     def _first_batch(self, iterator, step):
         """The next training batch, as a one-batch iterator for the first loop, on every training process alike (the
-        steps are collective). Where this process writes the run's summaries, TensorBoard shows it as the model sees
-        it at global `step`. The run's iterator, which checkpoints hold, moves by exactly the batch trained."""
+        steps are collective); with trainer.accumulate_steps, the rest of its update's batches follow it. Where this
+        process writes the run's summaries, TensorBoard shows it as the model sees it at global `step`. The run's
+        iterator, which checkpoints hold, moves by exactly the batches trained."""
         batch = next(iterator)
         if self.writes:
             self.summaries.inputs(*review.as_seen(batch, self.trainer.preprocess, step), self.spec, step)
-        return iter(tf.data.Dataset.from_tensors(batch))
+        return self.trainer.first_update(iter(tf.data.Dataset.from_tensors(batch)), iterator)
 
     def _after_loop(self, loop, window, manager, progress):
         """Logs, checks and saves what a train loop did; returns the global step it reached."""
@@ -294,7 +304,7 @@ class Controller:
         self._check_finite(loop, step)
         progress.update(loop.steps)
         progress.set_postfix(loss=f"{loop.loss:.4f}",
-                             examples_per_sec=f"{self.pipeline.batch_size * loop.steps / loop.seconds:.0f}")
+                             examples_per_sec=f"{self.trainer.examples_per_step * loop.steps / loop.seconds:.0f}")
         if step % trainer_settings.log_every == 0 or step == trainer_settings.train_steps:
             self._log_train(window, step)
         if step % trainer_settings.checkpoint_every == 0 or step == trainer_settings.train_steps:
@@ -326,10 +336,12 @@ class Controller:
         window.clear()
         values = {"loss": loops.loss,
                   "learning_rate": self.trainer.learning_rate,
-                  "examples_per_sec": self.pipeline.batch_size * loops.steps / loops.seconds,
+                  "examples_per_sec": self.trainer.examples_per_step * loops.steps / loops.seconds,
                   # The share of train time spent waiting for batches (experiments/trainer.py defines it per loop).
                   "input_wait_fraction": loops.input_wait_fraction,
                   "nonfinite_steps": loops.nonfinite}
+        if self.trainer.clip_global_norm is not None:  # the norm before clipping
+            values["gradient_norm"] = loops.gradient_norm
         if len(loops.logits):
             values.update(metrics.evaluate(self.spec.task, self.spec.class_names, loops.labels, loops.logits))
         self.summaries.scalars("train", values, step)

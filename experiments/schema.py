@@ -149,12 +149,25 @@ EVALUATION_MODES = ("evaluate", "predict", "export")  # read a checkpoint of a r
 SIDECAR_MODE = "continuous_eval"  # experiments/sidecar.py
 MODES = (*TRAINING_MODES, *EVALUATION_MODES, SIDECAR_MODE)
 EVALUATING_MODES = ("train_and_evaluate", "evaluate", SIDECAR_MODE)  # a job of these reports a validation metric
+CHECKPOINT = Key("latest, best or a global step >= 0",
+                 lambda value: value in ("latest", "best") or integer(0).accepts(value))
+METRIC = _with_null(Key("a metric name", lambda value: isinstance(value, str) and bool(value)),
+                    "the dataset's headline metric")
+# The metrics experiments/metrics.py `evaluate` writes at every evaluation, per kind of task (SPEC.task), besides
+# `loss`; a multi-label task writes auc/<class> per class too, whose names are checked once TensorFlow runs.
+TASK_METRICS = {"multilabel": ("auc/mean",), "binary": ("accuracy", "auc"), "multiclass": ("accuracy", "top5_accuracy")}
+# A regular expression, compiled here: an invalid one is a config error before TensorFlow starts.
+REGEX = Key("a regular expression", lambda value: isinstance(value, str) and _compiles(value))
+MULTIPLIERS = Key("a mapping of regular expressions to factors > 0, e.g. {tower: 0.1}",
+                  lambda value: isinstance(value, dict) and all(REGEX.accepts(rule) and _is_number(factor) and factor > 0
+                                                                for rule, factor in value.items()))
 # The strategies (conf/strategy/<name>.yaml, experiments/strategies.py), each with the keys only it has.
 STRATEGY_KEYS = {"auto": {}, "one_device": {}, "mirrored": {"strategy.logical_cpus": integer(1)}, "multi_worker": {}}
 
 # One line per key. A new key in conf/ gets its line here, in the table of its group.
 KEYS = {
     "mode": one_of(*MODES),
+    "checkpoint": CHECKPOINT,
     "seed": integer(0, 2**32 - 1),
     "deterministic": FLAG,
 
@@ -183,6 +196,17 @@ KEYS = {
     "trainer.jit_compile": _with_null(FLAG, "XLA with a GPU and one replica, unless deterministic"),
     "trainer.graph_optimizer": _with_null(Key(graph_optimizer.ALLOWED, graph_optimizer.accepts), graph_optimizer.NULL),
     "trainer.max_nonfinite_steps": integer(1),
+    "trainer.clip_global_norm": number(0, low_open=True, null="no clipping"),
+    "trainer.accumulate_steps": integer(1),
+    "trainer.freeze": _with_null(REGEX, "every variable trains"),
+    "trainer.lr_multipliers": _with_null(MULTIPLIERS, "all at the learning rate"),
+    "trainer.keep_best": FLAG,
+    "trainer.best_metric": METRIC,
+    "trainer.best_mode": one_of("max", "min"),
+    "trainer.early_stopping.patience": integer(0, null="no early stopping"),
+    "trainer.early_stopping.min_delta": number(0),
+    "trainer.objective": one_of("last", "best"),
+    "trainer.ema_decay": number(0, 1, high_open=True, null="no moving average"),
     "trainer.profile_steps": PROFILE_STEPS,
     "trainer.optimizer": one_of("adam", "adamw", "sgd"),
     "trainer.learning_rate": number(0, low_open=True),
@@ -341,8 +365,19 @@ def _unknown(cfg, key, value, keys):
             f"its keys are {'|'.join(siblings) if siblings else '(none)'}")
 
 
+def _compiles(text) -> bool:
+    try:
+        re.compile(text)
+    except re.error:
+        return False
+    return True
+
+
 def _combinations(cfg) -> str | None:
     """Keys whose values are each fine but do not go together."""
+    recipe = _recipes(cfg)
+    if recipe:
+        return recipe
     if cfg.pipeline.service and cfg.pipeline.cache != "none":
         return (f"pipeline.cache={cfg.pipeline.cache} does not go with pipeline.service={cfg.pipeline.service}: "
                 f"a cache would sit on each service worker, partial; use one or the other")
@@ -366,6 +401,25 @@ def _too_small(cfg) -> str | None:
     settings = "".join(f"{' with' if i == 0 else ','} model.{key}={show(model[key])}" for i, key in enumerate(keys))
     return (f"pipeline.image_size={show(size)} is too small for model={cfg.model.name}{settings}: it takes at least "
             f"{side}x{side} ({why})")
+
+
+def _recipes(cfg) -> str | None:
+    """The training recipes' keys against the mode and the dataset (docs/training-loop.md#training-recipes)."""
+    choice = cfg.checkpoint
+    if choice != "latest" and cfg.mode not in EVALUATION_MODES:
+        return (f"checkpoint={show(choice)} is for mode={'|'.join(EVALUATION_MODES)}; mode={cfg.mode} "
+                f"{'resumes from the newest checkpoint' if cfg.mode != 'continuous_eval' else 'evaluates each one'}")
+    if _is_int(choice) and choice > cfg.trainer.train_steps:
+        return (f"checkpoint={choice} is not a global step the run reaches: it takes latest, best or a step in "
+                f"0..{cfg.trainer.train_steps} (trainer.train_steps)")
+    metric, kind = cfg.trainer.best_metric, getattr(TASKS.entries[cfg.dataset.name], "task", None)
+    if metric is not None and kind in TASK_METRICS:
+        written = ("loss", *TASK_METRICS[kind])
+        if metric not in written and not (kind == "multilabel" and metric.startswith("auc/")):
+            per_class = "|auc/<class>" if kind == "multilabel" else ""
+            return (f"trainer.best_metric={metric} is not a metric dataset={cfg.dataset.name} writes at every "
+                    f"evaluation; it writes {'|'.join(written)}{per_class}")
+    return None
 
 
 def worker_count(cluster) -> int:

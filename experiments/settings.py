@@ -76,6 +76,7 @@ class Settings:
     strategy: Section
     tfrecord: Section
     values: Section  # the whole config, resolved: for the log, the HParams record and the input record
+    checkpoint: str | int = "latest"  # which checkpoint mode=evaluate, predict and export restore
 
     @classmethod
     def from_config(cls, cfg) -> "Settings":
@@ -83,7 +84,8 @@ class Settings:
         values = Section(OmegaConf.to_container(cfg, resolve=True))
         return cls(mode=values.mode, seed=int(values.seed), deterministic=bool(values.deterministic),
                    dataset=values.dataset, model=values.model, pipeline=values.pipeline, trainer=values.trainer,
-                   strategy=values.strategy, tfrecord=values.get("tfrecord", Section({})), values=values)
+                   strategy=values.strategy, tfrecord=values.get("tfrecord", Section({})), values=values,
+                   checkpoint=values.get("checkpoint", "latest"))
 
     def select(self, key, default=_ABSENT):
         """The value at a dotted `key` (``pipeline.cache``, ``strategy``), or `default` when there is none."""

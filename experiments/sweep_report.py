@@ -59,28 +59,40 @@ def outcome_of(job_return) -> dict:
 
 
 def headline_of(config, value):
-    """The name of the job's headline metric (experiments/metrics.py), None when it reported none. A job that
-    reported one has imported TensorFlow and its Task already."""
+    """The name of the metric the job reported: its headline metric (experiments/metrics.py), or with
+    trainer.objective=best trainer.best_metric's; None when it reported none. A job that reported one has imported
+    TensorFlow and its Task already."""
     return None if value is None else _headline(config)
+
+
+def _reports_best(config) -> bool:
+    """Whether the job reports the best value of trainer.best_metric (trainer.objective=best) in a training mode."""
+    return OmegaConf.select(config, "trainer.objective", default="last") == "best" and \
+        config.get("mode") in ("train_and_evaluate", "train")
 
 
 def _headline(config):
     from tf_harness.data import TASKS
     from tf_harness.experiments import metrics
+    best_metric = OmegaConf.select(config, "trainer.best_metric", default=None)
+    if _reports_best(config) and best_metric:
+        return best_metric
     return metrics.headline(TASKS[config.dataset.name].SPEC.task)
 
 
 def with_recorded_metric(config, run_dir: Path, outcome) -> dict:
-    """`outcome`, its value the headline metric in the run's metrics.json where the job succeeded in a mode that
-    evaluates without returning one: its run's last evaluation was done before it (a re-entry with nothing left to
-    train resumes past it, a sidecar finds every checkpoint evaluated), so the job reports that evaluation's."""
+    """`outcome`, its value the headline metric in the run's metrics.json (with trainer.objective=best, the value in
+    its best.json) where the job succeeded in a mode that evaluates without returning one: its run's last evaluation
+    was done before it (a re-entry with nothing left to train resumes past it, a sidecar finds every checkpoint
+    evaluated), so the job reports that evaluation's."""
     if outcome["value"] is not None or outcome["status"] or config.get("mode") not in EVALUATING_MODES:
         return outcome
+    best = _reports_best(config)  # best.json, experiments/recipes.py: the best evaluation of the run
     try:
-        values = json.loads((run_dir / "metrics.json").read_text())
+        values = json.loads((run_dir / ("best.json" if best else "metrics.json")).read_text())
     except (OSError, ValueError):  # none, or damaged: the job reports no metric
         return outcome
-    value = values.get(_headline(config)) if isinstance(values, dict) else None
+    value = (values.get("value") if best else values.get(_headline(config))) if isinstance(values, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return outcome
     return {**outcome, "value": float(value)}

@@ -8,6 +8,7 @@ non-finite stop is kept on the device (`_step`'s `live`), so the host can fetch,
 launch the next step while the device still runs the last. How a step gets its batch, and how its
 wait for it is timed (input_wait_fraction): experiments/loop_input.py.
 """
+import contextlib
 import dataclasses
 import logging
 import re
@@ -18,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import graph_optimizer, metrics, optimizers
+from tf_harness.experiments import fine_tuning, graph_optimizer, metrics, optimizers, recipes
 from tf_harness.experiments.loop_input import LoopInput
 from tf_harness.models import BUILDERS
 
@@ -41,6 +42,7 @@ class LoopStats:
     seconds: float  # wall time on the host
     logits: np.ndarray  # the applied steps' logits, stacked over their batches
     labels: np.ndarray
+    norm_sum: float = 0.0  # the applied steps' summed gradient norms before clipping (trainer.clip_global_norm)
 
     @classmethod
     def merge(cls, loops):
@@ -48,12 +50,18 @@ class LoopStats:
                    nonfinite_in_a_row=loops[-1].nonfinite_in_a_row, loss_sum=sum(s.loss_sum for s in loops),
                    wait=sum(s.wait for s in loops), seconds=sum(s.seconds for s in loops),
                    logits=np.concatenate([s.logits for s in loops]),
-                   labels=np.concatenate([s.labels for s in loops]))
+                   labels=np.concatenate([s.labels for s in loops]), norm_sum=sum(s.norm_sum for s in loops))
 
     @property
     def loss(self) -> float:
         applied = self.steps - self.nonfinite
         return self.loss_sum / applied if applied else float("nan")
+
+    @property
+    def gradient_norm(self) -> float:
+        """The applied steps' mean global gradient norm before clipping (computed with trainer.clip_global_norm)."""
+        applied = self.steps - self.nonfinite
+        return self.norm_sum / applied if applied else float("nan")
 
     @property
     def input_wait_fraction(self) -> float:
@@ -158,6 +166,15 @@ class Trainer:
     iterator under every strategy. Each replica then augments and
     normalises its share on its own device (data/preprocessing.py).
 
+    With `trainer.accumulate_steps` N > 1, a step is one update over N batches: the loop fetches them in turn and
+    stacks them, the step runs each through the model in a `tf.while_loop` (its augmentation seeded by the batch's
+    number, global step × N + i) and applies the mean of their gradients once, the mean loss of one batch N
+    times larger. The global step, and every count of steps, counts updates, and a checkpoint always falls
+    between two updates, so there is no partial sum to save. The non-finite skip takes the update whole.
+
+    With `trainer.clip_global_norm`, the gradients are scaled down so that their global norm (the norm of their
+    sum over the replicas) is at most that; the norm before clipping is a train scalar, `gradient_norm`.
+
     A step whose loss, or gradients' global norm, is NaN or infinite is not applied:
     the weights, the optimizer and the batch-norm statistics stay as they were, and
     `nonfinite_in_a_row` counts it. Under float16 only the loss is checked, since the
@@ -168,6 +185,8 @@ class Trainer:
         self.spec, self.strategy = spec, strategy
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch_size = settings.pipeline.batch_size
+        self.accumulate_steps = settings.trainer.accumulate_steps
+        self.examples_per_step = self.global_batch_size * self.accumulate_steps  # batches of an update, together
         self.steps_per_loop = settings.trainer.steps_per_loop or default_steps_per_loop()
         if settings.trainer.steps_per_loop is None:
             log.info("trainer.steps_per_loop=null: %d step(s) per loop (%s)", self.steps_per_loop,
@@ -186,6 +205,7 @@ class Trainer:
         if settings.trainer.graph_optimizer is None and options:  # null resolves to options on CPU alone, {} elsewhere
             log.info("trainer.graph_optimizer=null: %s (CPU alone)", options)
         self.max_nonfinite_steps = settings.trainer.max_nonfinite_steps
+        self.clip_global_norm = settings.trainer.clip_global_norm
         self.fetch_ahead = resolve_fetch_ahead(settings.trainer.fetch_ahead, self.replicas)
         if settings.trainer.fetch_ahead is None:
             log.info("trainer.fetch_ahead=null: %s", "each batch fetched while the step before it runs (a GPU or "
@@ -195,14 +215,21 @@ class Trainer:
         with strategy.scope():
             self.model = build_model(settings, spec, image_size)
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            self.optimizer = _optimizer(settings.trainer, self.global_step)
+            # trainer.freeze and lr_multipliers (experiments/fine_tuning.py): what trains, at what rate.
+            self.trained = fine_tuning.trained_variables(self.model, settings.trainer.freeze)
+            factors = fine_tuning.multipliers(self.trained, settings.trainer.lr_multipliers)
+            self.optimizer = _optimizer(settings.trainer, self.global_step, factors)
             if self.mixed_precision:
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             # Keras 3 optimizers must create their slots before the first distributed step (keras#19246).
-            self.optimizer.build(self.model.trainable_variables)
+            self.optimizer.build(self.trained)
+            # The best evaluation so far, with trainer.keep_best, early stopping or objective=best.
+            self.progress = recipes.Progress() if recipes.tracks(settings.trainer) else None
             # Not checkpointed: a resumed run counts afresh.
             self.nonfinite_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False, name="nonfinite_in_a_row")
         self.input = LoopInput(settings.deterministic)
+        self._swapped = self._said_averaged = False  # `averaged`
+        self._before_loop = []  # `before_loop`
         if self.jit_compile:
             # The whole step, its non-finite check, skip and counters included, as one XLA cluster; the
             # loop around it (iterator, clocks, results) stays in the graph.
@@ -212,7 +239,8 @@ class Trainer:
         self._one = tf.function(self._train_one)
         self.eval_step = _CheckedEvalStep(tf.function(self._eval_step), self)
 
-    def _per_replica(self, batch):
+    def _per_replica(self, batch, axis=0):
+        """`batch` split across the replicas along `axis` (1 for an update's stacked batches)."""
         if self.replicas == 1:
             return batch
         share = self.global_batch_size // self.replicas
@@ -220,8 +248,8 @@ class Trainer:
         def split(context, tensor):
             # A training batch under multi_worker is the worker's share, split across its own replicas
             # (replica ids run worker by worker); any other batch is global, split across all of them.
-            parts = tensor.shape[0] // share
-            return tf.split(tensor, parts)[context.replica_id_in_sync_group % parts]
+            parts = tensor.shape[axis] // share
+            return tf.split(tensor, parts, axis=axis)[context.replica_id_in_sync_group % parts]
 
         return self.strategy.experimental_distribute_values_from_function(
             lambda context: tf.nest.map_structure(lambda tensor: split(context, tensor), batch))
@@ -230,6 +258,19 @@ class Trainer:
         return self.strategy.gather(value, axis=0) if self.replicas > 1 else value
 
     def _replica_step(self, step, live, features, labels, weights):
+        if self.accumulate_steps == 1:
+            loss, logits, gradients = self._gradients(step, features, labels, weights)
+        else:
+            loss, logits, gradients = self._accumulated(step, features, labels, weights)
+            labels = tf.reshape(labels, [-1, *labels.shape[2:]])  # the update's batches, one after the other
+        gradients, norm = self._clipped(gradients)
+        finite = self._finite(loss, gradients)
+        applied = tf.logical_and(finite, live)
+        self._apply_if(applied, gradients)
+        return loss, logits, labels, applied, norm
+
+    def _gradients(self, step, features, labels, weights):
+        """One batch's loss, logits (float32) and gradients (of the loss as the optimizer scales it)."""
         features = self.preprocess(features, training=True, step=step)
         with tf.GradientTape() as tape:
             logits = self.model(features, training=True)
@@ -239,11 +280,43 @@ class Trainer:
             if self.model.losses:
                 loss += tf.add_n(self.model.losses) / self.replicas
             scaled = self.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled, self.model.trainable_variables)
-        finite = self._finite(loss, gradients)
-        applied = tf.logical_and(finite, live)
-        self._apply_if(applied, gradients)
-        return loss, tf.cast(logits, tf.float32), labels, applied
+        return loss, tf.cast(logits, tf.float32), tape.gradient(scaled, self.trained)
+
+    def _accumulated(self, step, features, labels, weights):
+        """`_gradients` over an update's trainer.accumulate_steps batches, stacked on a first axis: the mean loss,
+        the logits one batch after the other, and the mean gradients. A while loop, so the step's graph holds
+        the model once whatever the count."""
+        count = self.accumulate_steps
+        variables = self.trained
+
+        def body(i, loss_sum, sums, logits):
+            batch = tf.nest.map_structure(lambda tensor: tensor[i], (features, labels, weights))
+            loss, batch_logits, gradients = self._gradients(step * count + tf.cast(i, tf.int64), *batch)
+            sums = [total if gradient is None else total + gradient for total, gradient in zip(sums, gradients)]
+            return i + 1, loss_sum + loss, sums, logits.write(i, batch_logits)
+
+        start = (tf.constant(0), tf.constant(0.0), [tf.zeros(v.shape, v.dtype) for v in variables],
+                 tf.TensorArray(tf.float32, size=count))
+        _, loss_sum, sums, logits = tf.while_loop(lambda i, *_: i < count, body, start)
+        return loss_sum / count, logits.concat(), [total / count for total in sums]
+
+    def _clipped(self, gradients):
+        """`gradients` scaled to a global norm of at most trainer.clip_global_norm, and their global norm before
+        (0 with clipping off). The norm is that of the gradients summed over the replicas, what the update
+        applies, so with several replicas it costs one more all-reduce; each replica scales its own share by the
+        same factor. A non-finite norm leaves the gradients as they are, for the non-finite skip."""
+        if self.clip_global_norm is None:
+            return gradients, tf.constant(0.0)
+        summed = gradients
+        if self.replicas > 1:
+            summed = tf.distribute.get_replica_context().all_reduce("SUM", gradients)
+        norm = tf.linalg.global_norm(summed)
+        if self.mixed_precision:  # the gradients of the scaled loss: their norm over the loss scale
+            norm = norm / tf.cast(self.optimizer.dynamic_scale, norm.dtype)
+        limit = tf.constant(self.clip_global_norm, norm.dtype)
+        factor = tf.where(tf.math.is_finite(norm), limit / tf.maximum(norm, limit), 1.0)
+        return [None if gradient is None else gradient * tf.cast(factor, gradient.dtype)
+                for gradient in gradients], norm
 
     def _finite(self, loss, gradients):
         """Whether every replica's loss (and, outside float16, gradient norm) is finite; the same on all."""
@@ -255,7 +328,7 @@ class Trainer:
         return failed == 0
 
     def _apply_if(self, finite, gradients):
-        variables = self.model.trainable_variables
+        variables = self.trained
 
         def apply():
             self.optimizer.apply(gradients, variables)
@@ -287,19 +360,22 @@ class Trainer:
         # The forward pass updates batch-norm statistics even when the step is then skipped: keep a copy.
         statistics = [v for v in self.model.non_trainable_variables if _is_float(v)]
         kept = [tf.identity(v.value) for v in statistics]
-        loss, logits, labels, applied = self.strategy.run(
-            self._replica_step, args=(step, live, *self._per_replica((features, labels, weights))))
+        stacked = 0 if self.accumulate_steps == 1 else 1  # the batch axis: an update's batches come stacked
+        loss, logits, labels, applied, norm = self.strategy.run(
+            self._replica_step, args=(step, live, *self._per_replica((features, labels, weights), stacked)))
         applied = self.strategy.experimental_local_results(applied)[0]  # the same on every replica
+        norm = self.strategy.experimental_local_results(norm)[0]
         for variable, value in zip(statistics, kept):
             variable.assign(tf.where(applied, variable.value, value))
         counted = tf.where(applied, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1)
         in_a_row = self.nonfinite_in_a_row.assign(tf.where(live, counted, self.nonfinite_in_a_row))
         self.global_step.assign_add(tf.cast(live, tf.int64))
         loss = self.strategy.reduce("SUM", loss, axis=None)
-        return loss, self._gather(logits), self._gather(labels), applied, in_a_row
+        return loss, self._gather(logits), self._gather(labels), applied, in_a_row, norm
 
     def _train_step(self, features, labels, weights):
-        """One step on one batch: (loss, logits, labels). The runner trains with `train_loop`."""
+        """One step on one batch (with trainer.accumulate_steps, the update's batches stacked): (loss, logits,
+        labels). The runner trains with `train_loop`."""
         return self._step(tf.constant(True), features, labels, weights)[:3]
 
     def _train_loop(self, iterator, steps):
@@ -312,47 +388,86 @@ class Trainer:
         def keep_going(i, *_):
             return i < steps  # on the host: the condition never waits for the device
 
-        def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels, applied, live_steps, fetched):
+        def body(i, in_a_row, ready_at, wait, loss_sum, norm_sum, logits, labels, applied, live_steps, fetched):
             batch = fetched  # fetched ahead, or () when each step fetches its own
             if not ahead:
-                batch, waited = self.input.fetch(iterator, after=ready_at)
+                batch, waited = self._fetch(iterator, after=ready_at)
                 wait += waited
             step_live = tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps)
-            step_loss, step_logits, step_labels, step_applied, in_a_row = self._step(step_live, *batch)
+            step_loss, step_logits, step_labels, step_applied, in_a_row, norm = self._step(step_live, *batch)
             with tf.control_dependencies([step_loss, step_logits, step_applied, in_a_row]):
                 done_at = self.input.clock()
             if ahead:  # the next step's batch, while this one runs; none after the last, so the iterator
                 # stands exactly at the steps taken (its checkpoint and the resume stay exact). Neither branch
                 # takes anything of this step: a cond's branches wait for all its inputs.
                 more = i + 1 < steps
-                fetched, fetched_at = tf.cond(more, lambda: self.input.fetch_early(iterator),
+                fetched, fetched_at = tf.cond(more, lambda: self._fetch_early(iterator),
                                               lambda: (batch, tf.constant(0.0, tf.float64)))
                 wait += tf.where(more, tf.maximum(fetched_at - done_at, 0.0), 0.0)
             return (i + 1, in_a_row, done_at, wait, loss_sum + tf.where(step_applied, step_loss, 0.0),
-                    logits.write(i, step_logits), labels.write(i, step_labels), applied.write(i, step_applied),
+                    norm_sum + tf.where(step_applied, norm, 0.0), logits.write(i, step_logits),
+                    labels.write(i, step_labels), applied.write(i, step_applied),
                     live_steps + tf.cast(step_live, tf.int32), fetched)
 
         labels_dtype = iterator.element_spec[1].dtype
         started_at, batch, wait = self.input.clock(), (), tf.constant(0.0, tf.float64)
         if ahead:  # the first batch before the loop, so every step in it finds its batch fetched
-            batch, wait = self.input.fetch(iterator, after=started_at)
+            batch, wait = self._fetch(iterator, after=started_at)
         start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, tf.constant(0.0),
-                 *(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool)),
+                 tf.constant(0.0), *(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool)),
                  tf.constant(0), batch)
         # `_train_one` (steps None): the body once, with no loop for the graph optimizer to work through.
         end = body(*start) if steps is None else tf.while_loop(keep_going, body, start)
-        _, in_a_row, _, wait, loss_sum, logits, labels, applied, live_steps, _ = end
-        return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "logits": logits.stack(),
-                "labels": labels.stack(), "applied": applied.stack()}
+        _, in_a_row, _, wait, loss_sum, norm_sum, logits, labels, applied, live_steps, _ = end
+        return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "norm_sum": norm_sum,
+                "logits": logits.stack(), "labels": labels.stack(), "applied": applied.stack()}
+
+    def _fetch(self, iterator, after):
+        """A step's batch, fetched once `after` has run, and its wait; with trainer.accumulate_steps, its update's
+        batches, fetched in turn and stacked, and their summed wait."""
+        if self.accumulate_steps == 1:
+            return self.input.fetch(iterator, after=after)
+        batches, wait = [], tf.constant(0.0, tf.float64)
+        for _ in range(self.accumulate_steps):
+            batch, waited = self.input.fetch(iterator, after=after)
+            batches.append(batch)
+            wait, after = wait + waited, waited
+        return _stacked(batches), wait
+
+    def _fetch_early(self, iterator):
+        """`LoopInput.fetch_early` of a step's batch, or of its update's batches, stacked."""
+        if self.accumulate_steps == 1:
+            return self.input.fetch_early(iterator)
+        batches = [self.input.fetch_early(iterator) for _ in range(self.accumulate_steps)]
+        return _stacked([batch for batch, _ in batches]), batches[-1][1]
+
+    def first_update(self, first, iterator):
+        """The iterator of the first train loop, one step: `first`, a one-batch iterator (the batch TensorBoard
+        shows), and with trainer.accumulate_steps the rest of its update's batches, taken from `iterator` now, so
+        that `iterator` moves by exactly the batches trained."""
+        if self.accumulate_steps == 1:
+            return first
+        data = tf.data.Dataset.from_tensors(next(first))
+        for _ in range(self.accumulate_steps - 1):
+            data = data.concatenate(tf.data.Dataset.from_tensors(next(iterator)))
+        return iter(data)
 
     def _train_one(self, iterator):
         """One train step over `iterator`, with `_train_loop`'s results."""
         return self._train_loop(iterator, None)
 
+    def before_loop(self, work) -> None:
+        """Runs `work()` once, on the host, as the next train loop starts: what must be in every checkpoint saved
+        after that loop but in none saved before it (the best evaluation's state, experiments/recipes.py)."""
+        if work not in self._before_loop:
+            self._before_loop.append(work)
+
     def train_loop(self, iterator, steps) -> LoopStats:
         """Runs up to `steps` train steps over `iterator` in one traced call (one trace serves
         every count) and reads the results back once. With steps_per_loop 1, every call is one step,
         traced without a while loop."""
+        while self._before_loop:
+            self._before_loop.pop(0)()
         started = time.perf_counter()
         if steps == 1 and self.steps_per_loop == 1:
             out = self._one(iterator)
@@ -365,7 +480,8 @@ class Trainer:
         return LoopStats(steps=ran, nonfinite=ran - int(applied.sum()),
                          nonfinite_in_a_row=int(out["in_a_row"]), loss_sum=float(out["loss_sum"]),
                          wait=float(out["wait"]), seconds=seconds,
-                         logits=logits.reshape(-1, *logits.shape[2:]), labels=labels.reshape(-1, *labels.shape[2:]))
+                         logits=logits.reshape(-1, *logits.shape[2:]), labels=labels.reshape(-1, *labels.shape[2:]),
+                         norm_sum=float(out["norm_sum"]))
 
     def _eval_step(self, features, labels, weights):
         def replica_step(features, labels, weights):
@@ -386,7 +502,9 @@ class Trainer:
         return all(np.isfinite(v.numpy()).all() for v in variables)
 
     def checkpoint(self, iterator=None) -> tf.train.Checkpoint:
-        """What a checkpoint holds: model, optimizer, global step, random state and, when given, the input iterator.
+        """What a checkpoint holds: model, optimizer (with trainer.ema_decay, the moving averages), global step, random
+        state, the best evaluation so far where the run tracks it (experiments/recipes.py) and, when given, the input
+        iterator.
 
         Keras 3 leaves a Dropout layer's seed-generator state out of the model's checkpoint
         (checked: a restored model drew other masks), so a resumed run would diverge; it is saved
@@ -396,9 +514,39 @@ class Trainer:
                         if variable.path.endswith("seed_generator_state")]
         parts = dict(model=self.model, optimizer=self.optimizer, global_step=self.global_step,
                      random_state=random_state)
+        if self.progress is not None:
+            parts["progress"] = self.progress
         if iterator is not None:
             parts["input_iterator"] = iterator
         return tf.train.Checkpoint(**parts)
+
+    @contextlib.contextmanager
+    def averaged(self):
+        """Inside the block the model holds the exponential moving average of its trained weights
+        (trainer.ema_decay), and after it its own weights again, bit for bit, however the block ends (an interrupt
+        during an evaluation included, so a checkpoint saved then holds the trained weights). Yields whether it
+        swapped: not without EMA, nor before the first applied update, when there is no average yet. Evaluation,
+        prediction, export and the sidecar evaluator run inside it. The swap is done here, not by Keras'
+        `finalize_variable_values`, which overwrites the weights for good."""
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)  # the loss-scale optimizer's
+        if self._swapped or not optimizer.use_ema or int(optimizer._iterations.numpy()) == 0:
+            yield False
+            return
+        pairs = list(zip(optimizer._trainable_variables, optimizer._model_variables_moving_average))
+        kept = [tf.identity(variable) for variable, _ in pairs]
+        if not self._said_averaged:
+            log.info("trainer.ema_decay=%s: evaluation, prediction and export use the averaged weights",
+                     optimizer.ema_momentum)
+            self._said_averaged = True
+        self._swapped = True
+        try:
+            for variable, average in pairs:
+                variable.assign(average)
+            yield True
+        finally:
+            for (variable, _), value in zip(pairs, kept):
+                variable.assign(value)
+            self._swapped = False
 
     @property
     def step(self) -> int:
@@ -411,7 +559,12 @@ class Trainer:
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
 
-def _optimizer(trainer_settings, global_step):
+def _stacked(batches):
+    """Batches of the same structure as one, each tensor stacked on a new first axis."""
+    return tf.nest.map_structure(lambda *tensors: tf.stack(tensors), *batches)
+
+
+def _optimizer(trainer_settings, global_step, multipliers=()):
     """The optimizer the trainer settings name, its schedule evaluated at `global_step`.
 
     Keras would evaluate a schedule at `optimizer.iterations`, which counts applied updates only, so
@@ -425,7 +578,8 @@ def _optimizer(trainer_settings, global_step):
                                warmup_steps=trainer_settings.warmup_steps, decay_steps=trainer_settings.decay_steps,
                                decay_rate=trainer_settings.decay_rate)
     return optimizers.optimizer(trainer_settings.optimizer, rate, step=global_step, momentum=trainer_settings.momentum,
-                                weight_decay=trainer_settings.weight_decay)
+                                weight_decay=trainer_settings.weight_decay, ema_decay=trainer_settings.ema_decay,
+                                multipliers=multipliers)
 
 
 class _CheckedEvalStep:

@@ -15,6 +15,11 @@ the variable's first path from the root (`optimizer/_trainable_variables/3/...` 
 `model/_operations/6/...` for a batch-norm statistic), numbered by the order of the layers and the optimizer's
 variables, which another model's checkpoint does not share. Dropout's random state is not a weight and is left out.
 
+A checkpoint of a run with `trainer.ema_decay` holds the moving average of each trained weight, an optimizer variable
+named after the weight's path (`<optimizer>/conv2_kernel_average`). Its evaluations and exports used the averages, so
+a warm start takes the average in place of the weight wherever there is one (once the run had applied an update,
+before which the averages are not set), and its summary line says how many.
+
 A variable that does not match is not an error: every one left out, for its name, its shape or init_exclude, is
 listed in one log line (`summary`). An init checkpoint that is missing or cannot be read is a config error (exit 2)
 found before the run writes anything (`check`), and so is one of which no variable fits the model (`check_fit`, once
@@ -40,6 +45,7 @@ log = logging.getLogger(__name__)
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"  # the tensor in which tf.train.Checkpoint keeps its object graph
 SHOWN = 8  # names listed per kind of skip; the rest are counted
 _RANDOM_STATE = "seed_generator_state"  # Dropout's random state: not a weight (experiments/trainer.py `checkpoint`)
+_AVERAGE = "_average"  # how Keras names a weight's moving average: `<optimizer>/<path, / as _>_average`
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class Plan:
     missing: list = field(default_factory=list)  # model variables with no checkpoint variable of their name
     unused: list = field(default_factory=list)  # checkpoint model variables with no model variable of their name
     total: int = 0  # the model's variables (weights and batch-norm statistics)
+    averaged: int = 0  # restored variables that took their moving average (trainer.ema_decay)
 
 
 def start(settings, model, latest) -> None:
@@ -189,6 +196,34 @@ def stored_variables(prefix) -> list:
     return found
 
 
+def stored_averages(prefix) -> dict:
+    """{weight path with `/` as `_`: checkpoint key} of the moving averages (trainer.ema_decay) that the optimizer in
+    the checkpoint at `prefix` holds; empty when it holds none, or has applied no update yet (the averages are set
+    by the first)."""
+    reader = tf.train.load_checkpoint(prefix)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor(OBJECT_GRAPH))
+    optimizer = next((child.node_id for child in graph.nodes[0].children if child.local_name == "optimizer"), None)
+    if optimizer is None:
+        return {}
+    found, iterations, seen, queue = {}, 0, {optimizer}, [optimizer]
+    while queue:
+        node = graph.nodes[queue.pop(0)]
+        for attribute in node.attributes:
+            if attribute.name != "VARIABLE_VALUE":
+                continue
+            name = attribute.full_name.partition("/")[2] or attribute.full_name  # `<optimizer>/<name>`
+            if name.endswith(_AVERAGE):
+                found[name[:-len(_AVERAGE)]] = attribute.checkpoint_key
+            elif name == "iteration":
+                iterations = int(reader.get_tensor(attribute.checkpoint_key))
+        for child in node.children:
+            if child.node_id not in seen:
+                seen.add(child.node_id)
+                queue.append(child.node_id)
+    return found if iterations > 0 else {}
+
+
 def plan(variables, stored, exclude=None) -> Plan:
     """Which of the model's `variables` take which `stored` checkpoint variable: the same name and shape, and a
     name `exclude` (a regular expression) does not match. A name that occurs more than once on a side (none does
@@ -218,8 +253,14 @@ def restore(model, prefix, exclude=None) -> Plan:
     """Restores into `model` its variables that match the checkpoint at `prefix` (`plan`); logs `summary`."""
     result = plan(_variables(model), stored_variables(prefix), exclude)
     reader = tf.train.load_checkpoint(prefix)
+    averages, shapes = stored_averages(prefix), reader.get_variable_to_shape_map()
     for variable, entry in result.restored:
-        variable.assign(np.asarray(reader.get_tensor(entry.key)).astype(variable.dtype))
+        key = averages.get(entry.name.replace("/", "_"))
+        if key is not None and tuple(shapes[key]) == entry.shape:
+            result.averaged += 1
+        else:
+            key = entry.key
+        variable.assign(np.asarray(reader.get_tensor(key)).astype(variable.dtype))
     skipped = result.shape or result.missing or result.unused
     log.log(logging.WARNING if skipped else logging.INFO, "%s", summary(prefix, result, exclude))
     return result
@@ -232,6 +273,9 @@ def summary(prefix, result, exclude=None) -> str:
              f"shape differs (checkpoint -> model): {_listed(shapes)}",
              f"not in the checkpoint: {_listed(result.missing)}",
              f"in the checkpoint only: {_listed(result.unused)}"]
+    if result.averaged:
+        parts.append(f"{result.averaged} of them took their moving average (the checkpoint's trainer.ema_decay), "
+                     f"as its evaluations did")
     return (f"Warm start from {prefix}: restored {len(result.restored)} of {result.total} model variables; "
             f"{'; '.join(parts)}; the optimizer and the global step start afresh")
 

@@ -84,3 +84,16 @@ def test_runs_stopped_at_random_instants_resume_exactly(tmp_path):
     failures = [failure for _, _, failed, _ in counts.values() for failure in failed]
     assert not failures, failures
     assert sum(run for _, run, _, _ in counts.values()) == 9
+
+
+@pytest.mark.slow  # 1 reference run and 2 trials, each one or two runs
+def test_runs_with_the_recipe_set_stopped_at_random_instants_resume_exactly(tmp_path):
+    """The best checkpoint, early stopping, EMA weights and gradient accumulation together (faults.RECIPES)."""
+    faults = _fault_script()
+    counts = faults.run_trials(["lfw_pairs"], ["SIGTERM", "SIGKILL"], trials=1, seed=2, work=tmp_path, recipes=True)
+    failures = [failure for _, _, failed, _ in counts.values() for failure in failed]
+    assert not failures, failures
+    reference = tmp_path / "lfw_pairs" / "reference"
+    stopped = json.loads((reference / "metrics.json").read_text())
+    assert stopped["stopped_early"] is True and stopped["global_step"] == 9  # the set stops between checkpoints
+    assert (reference / "best.json").is_file()

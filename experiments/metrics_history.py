@@ -1,0 +1,86 @@
+"""metrics.jsonl: every evaluation of a run, one JSON object a line, in the order they were made.
+
+metrics.json holds the last evaluation only; metrics.jsonl beside it keeps them all, each with its `global_step`
+and `time` (seconds since the epoch). A run that is re-entered (resumed, `mode=evaluate`, the sidecar evaluator)
+appends to the file it finds. Each line is written with one append, flushed to disk, so a kill leaves at worst
+its last line cut short: the next append starts on a new line, and a reader skips a line that is not a JSON
+object, with a warning, never failing the run.
+
+A step may appear twice: an evaluation killed after its line was written is redone on resume, and a run resumed
+from a checkpoint older than its last evaluations evaluates those steps again. The last line of a step is the
+evaluation that counts.
+
+Nothing here imports TensorFlow.
+"""
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+NAME = "metrics.jsonl"
+
+
+def _clean(values: dict) -> dict:
+    """NaN as null, as metrics.json writes it; numpy scalars as Python numbers."""
+    clean = {}
+    for key, value in values.items():
+        if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+            value = value.item()
+        clean[key] = None if isinstance(value, float) and math.isnan(value) else value
+    return clean
+
+
+def append(model_dir, record: dict, now=time.time) -> None:
+    """Appends one evaluation's `record` (its metrics, `global_step` and counts) to `<model_dir>/metrics.jsonl`,
+    with its `time`."""
+    path = Path(model_dir) / NAME
+    line = json.dumps({**_clean(record), "time": now()}, sort_keys=True) + "\n"
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(descriptor).st_size
+        if size and _last_byte(path, size) != b"\n":  # a line cut short by a kill stays a line of its own
+            line = "\n" + line
+        os.write(descriptor, line.encode("utf-8"))
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _last_byte(path, size) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        return f.read(1)
+
+
+def read(model_dir) -> list:
+    """The evaluations in `<model_dir>/metrics.jsonl`, oldest first; [] when there is none. A line that is not a
+    JSON object with an integer `global_step` is skipped, and the skips are logged in one warning."""
+    path = Path(model_dir) / NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        log.warning("%s cannot be read (%s); taking it as no evaluation history", path, error.strerror or error)
+        return []
+    records, damaged = [], []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            record = None
+        step = record.get("global_step") if isinstance(record, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            damaged.append(number)
+            continue
+        records.append(record)
+    if damaged:
+        shown = ", ".join(str(number) for number in damaged[:5]) + (" ..." if len(damaged) > 5 else "")
+        log.warning("%s: skipped %d damaged line(s) (line %s): not an evaluation record", path, len(damaged), shown)
+    return records

@@ -332,3 +332,41 @@ def test_the_sidecar_evaluates_checkpoints_as_a_trainer_writes_them_and_stops_af
     assert not [line for line in lines if "][tf_harness.experiments.sidecar][" in line or line.partition("] - ")[2]
                 .startswith(("Evaluation at", "Restored", "config error", "mode=continuous_eval"))]
     print(f"first run {refusals - started:.0f} s (refusals included); trainer and sidecar {finished - refusals:.0f} s")
+
+
+def test_the_sidecar_never_replaces_the_evaluation_of_a_later_step_in_metrics_json(tmp_path, caplog):
+    """Beside a train_and_evaluate trainer, the sidecar may evaluate an older checkpoint after the trainer evaluated a
+    newer one: metrics.json keeps the newest evaluation, and the trainer's own evaluations always write it."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+    import tensorflow as tf
+
+    from tf_harness.data.spec import DatasetSpec
+    from tf_harness.experiments.evaluation import Evaluator
+    from tf_harness.experiments.summaries import Summaries, evaluated_step, write_metrics
+
+    spec = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3)
+    task = SimpleNamespace(SPEC=spec, protocol_metrics=lambda table, probabilities: {})
+    tables = {"validation": pd.DataFrame({"path_a": ["a", "b"], "path_b": ["c", "d"], "label": [[1], [0]]})}
+    import contextlib
+    trainer = SimpleNamespace(step=110, averaged=contextlib.nullcontext, eval_step=lambda features, labels, weights: (
+        tf.constant(1.0), tf.constant([[2.0], [-2.0]])))
+    batch = (tf.zeros([2, 1]), tf.constant([[1], [0]]), tf.ones([2]))
+
+    def evaluator(beside):
+        return Evaluator(task, trainer, tables, Summaries(str(tmp_path), ("validation",)), tmp_path, batch_size=2,
+                         eval_steps=None, seed=0, input_fn=lambda split, rows=None: [batch],
+                         note_unreadable=lambda: None, beside=beside)
+
+    write_metrics(tmp_path, {"global_step": 130, "accuracy": 0.5})  # the trainer's evaluation at step 130
+    with caplog.at_level(logging.INFO):
+        evaluator(beside=True).evaluate()
+    assert evaluated_step(tmp_path) == 130
+    assert "metrics.json holds the evaluation of a later global step (130) and is left as it is" in caplog.text
+    trainer.step = 140
+    evaluator(beside=True).evaluate()
+    assert evaluated_step(tmp_path) == 140
+    trainer.step = 120
+    evaluator(beside=False).evaluate()  # the trainer's own (a resumed run evaluating again) always writes
+    assert evaluated_step(tmp_path) == 120

@@ -73,6 +73,18 @@ def distribute(data, address) -> tf.data.Dataset:
         tf.data.experimental.service.ShardingPolicy.DYNAMIC, address, compression=None))
 
 
+def start_worker(address) -> str:
+    """What to do when no batch comes from the dispatcher at `address`, in words: start a worker."""
+    return f"start one with `python -m tf_harness.data.service worker --dispatcher {address}`"
+
+
+def stalled(address, seconds) -> str:
+    """The error line of a run that got no training batch from the dispatcher at `address` in `seconds`
+    (pipeline.service_timeout). A dispatcher without a worker accepts the trainer and never answers it."""
+    return (f"no training batch came from the tf.data service at {address} in pipeline.service_timeout={seconds:g} s: "
+            f"its dispatcher has no worker, or none that can read the dataset's files; {start_worker(address)}")
+
+
 # ----- python -m tf_harness.data.service: the servers -------------------------------------------------------------------
 
 

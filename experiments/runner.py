@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from tf_harness.data import service
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import input_fn
 from tf_harness.data.integrity import unreadable
@@ -23,7 +24,7 @@ from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
 from tf_harness.experiments import export, metrics, recipes, review, sidecar, strategies, warm_start, xla_cache
 from tf_harness.experiments.evaluation import Evaluator
-from tf_harness.experiments.run_dir import interrupts
+from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
 from tf_harness.experiments.schema import EVALUATION_MODES, TRAINING_MODES
 from tf_harness.experiments.settings import Settings
@@ -238,7 +239,7 @@ class Controller:
         # Loops end on every log, checkpoint and evaluation step, so these land as they would step by step.
         intervals = [trainer_settings.log_every, trainer_settings.checkpoint_every]
         intervals += [trainer_settings.eval_every] if evaluate else []
-        window, first = [], True
+        window, first, longest = [], True, 0.0  # longest: the longest train loop yet, in seconds
         progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
         try:
             if evaluate and 0 < step < target and step % trainer_settings.eval_every == 0 \
@@ -249,16 +250,23 @@ class Controller:
                 profiler.update(step)
                 length = profiler.loop_length(step, loop_length(step, trainer.steps_per_loop, target, intervals))
                 # A signal waits for the loop's end (experiments/run_dir/interrupts.py): the loop, its summary and
-                # its checkpoint are one unit, so no step is trained without its summary or saved half-logged.
+                # its checkpoint are one unit, so no step is trained without its summary or saved half-logged. A
+                # loop that does not end within a grace is abandoned, unsaved (experiments/run_dir/blocking.py).
                 with interrupts.deferred():
                     source = iterator
                     if first:  # the first batch trains alone, and TensorBoard shows it as the model sees it
-                        source, length, first = self._first_batch(iterator, step), 1, False
+                        source, length = self._first_batch(iterator, step), 1
                     with profiler.step(step):
-                        loop = trainer.train_loop(source, length)
+                        loop = self._train_loop(source, length, step, longest, first)
+                    first, longest = False, max(longest, loop.seconds)
                     step = self._after_loop(loop, window, manager, progress)
                 if evaluate and step % trainer_settings.eval_every == 0 and step < target:
                     self.evaluate()
+        except blocking.Abandoned as interrupt:
+            # The loop may have trained part of its steps: a save now would hold a state no step ended in.
+            log.warning("Interrupted while waiting for %s; exiting without saving (%s)", interrupt.what,
+                        self.run_dir.last_checkpoint_text())
+            raise
         except KeyboardInterrupt:
             # Nothing is lost on Ctrl-C or SIGTERM: a signal is handled between loops, and every batch a loop took
             # was trained on, so the global step, the weights and the iterator position agree when saved.
@@ -286,13 +294,39 @@ class Controller:
 
     def _first_batch(self, iterator, step):
         """The next training batch, as a one-batch iterator for the first loop, on every training process alike (the
-        steps are collective); with trainer.accumulate_steps, the rest of its update's batches follow it. Where this
-        process writes the run's summaries, TensorBoard shows it as the model sees it at global `step`. The run's
-        iterator, which checkpoints hold, moves by exactly the batches trained."""
-        batch = next(iterator)
+        steps are collective); with trainer.accumulate_steps, the rest of its update's batches follow it. Fetched on
+        the host, where the run waits for it in Python (experiments/run_dir/blocking.py): it says so while it waits,
+        and a signal stops it. Where this process writes the run's summaries, TensorBoard shows it as the model
+        sees it at global `step`. The run's iterator, which checkpoints hold, moves by exactly the batches trained."""
+        batch = blocking.call(next, iterator, what="the first training batch", **self._input_wait())
         if self.writes:
             self.summaries.inputs(*review.as_seen(batch, self.trainer.preprocess, step), self.spec, step)
         return self.trainer.first_update(iter(tf.data.Dataset.from_tensors(batch)), iterator)
+
+    def _train_loop(self, iterator, length, step, longest, first):
+        """One train loop. The `first` trains on the batch fetched already, so it waits for no input, and runs here,
+        in the thread that built the model: its call traces the train step, and Keras keeps settings such as the
+        dtype policy per thread. Each later loop runs in a thread the run waits on in Python
+        (experiments/run_dir/blocking.py), so that a loop stuck waiting for its batches says so once it runs far
+        longer than `longest`, the longest loop before it, and a signal still stops it."""
+        if first:
+            return self.trainer.train_loop(iterator, length)
+        return blocking.call(self.trainer.train_loop, iterator, length, what=f"the train loop at global step {step}",
+                             expected=longest, **self._input_wait())
+
+    def _input_wait(self) -> dict:
+        """How long the run waits for its training input, and what its waiting line suggests: a tf.data service's
+        dispatcher without a worker serves nothing and says nothing, so pipeline.service_timeout bounds the wait;
+        without the service the run waits however long."""
+        address = self.settings.pipeline.service
+        if not address:
+            return {}
+        seconds = self.settings.pipeline.service_timeout
+        bound = (f"the run fails after pipeline.service_timeout={seconds:g} s" if seconds is not None
+                 else "pipeline.service_timeout=null: the run waits however long")
+        return dict(hint=f"pipeline.service={address}: is a worker running? {service.start_worker(address)}; {bound}",
+                    timeout=seconds, stalled=lambda: f"{service.stalled(address, seconds)} "
+                                                     f"({self.run_dir.last_checkpoint_text()})")
 
     def _after_loop(self, loop, window, manager, progress):
         """Logs, checks and saves what a train loop did; returns the global step it reached."""

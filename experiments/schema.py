@@ -182,6 +182,7 @@ KEYS = {
     "pipeline.shuffle_mb": number(0, low_open=True),
     "pipeline.verify_images": FLAG,
     "pipeline.service": SERVICE,
+    "pipeline.service_timeout": number(0, low_open=True, null="wait for the service's batches however long"),
 
     "trainer.train_steps": integer(1),
     "trainer.eval_every": integer(1),

@@ -3,12 +3,15 @@ redone on resume, and runs stopped at random instants resume to the weights and 
 (benchmarks/faults.py, here with one trial per dataset and fault; the script runs the full count)."""
 import importlib.util
 import json
+import logging
 import os
 import signal
+import threading
+import time
 
 import pytest
 
-from tf_harness.experiments.run_dir import interrupts
+from tf_harness.experiments.run_dir import blocking, interrupts
 from tests.conftest import PROJECT, event_tags, run_cli
 
 TINY = ("dataset=lfw_pairs", "pipeline.image_size=24", "pipeline.batch_size=8", "model.widths=[8,16]",
@@ -47,6 +50,96 @@ def test_a_failing_deferred_block_keeps_its_own_error(handlers):
             raise ValueError("disk error")
     with interrupts.deferred():  # nothing stale is left for the next block
         pass
+
+
+# Work that may block in C++ (experiments/run_dir/blocking.py), stood in for by a thread waiting on an event.
+
+@pytest.fixture
+def quick(monkeypatch):
+    """Waiting lines every second, and a half-second grace for a held signal."""
+    monkeypatch.setattr(blocking, "INTERVAL", 1.0)
+    monkeypatch.setattr(blocking, "GRACE", 0.5)
+
+
+@pytest.fixture
+def blocked():
+    """Work that never finishes on its own (`release.wait`); released when the test ends."""
+    release = threading.Event()
+    yield release.wait
+    release.set()
+
+
+def signal_soon(signum, after=0.3):
+    threading.Timer(after, os.kill, (os.getpid(), signum)).start()
+
+
+def test_waited_work_returns_its_value_or_raises_its_error_in_one_thread_kept_for_it():
+    assert blocking.call(pow, 2, 10, what="a power") == 1024
+    with pytest.raises(ZeroDivisionError):
+        blocking.call(divmod, 1, 0, what="a division")
+    first, second = (blocking.call(threading.get_ident, what="its thread") for _ in range(2))
+    assert first == second != threading.get_ident()
+
+
+def test_work_that_runs_long_says_so_at_an_interval_and_fails_past_its_bound(quick, blocked, caplog):
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger=blocking.__name__):
+        with pytest.raises(blocking.Stalled) as raised:
+            blocking.call(blocked, what="the first training batch", hint="is a worker running?", timeout=2.6,
+                          stalled=lambda: "no training batch in 2.6 s")
+    assert str(raised.value) == "no training batch in 2.6 s"
+    assert blocking.call(pow, 2, 3, what="the next work") == 8  # in a thread of its own
+    assert 2.6 <= time.monotonic() - started < 5
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2, lines
+    assert all(line.startswith("waiting for the first training batch for ") and
+               line.endswith(" s (is a worker running?)") for line in lines), lines
+
+
+def test_work_expected_to_take_long_says_so_only_past_what_it_takes(quick, caplog):
+    with caplog.at_level(logging.WARNING, logger=blocking.__name__):
+        assert blocking.call(time.sleep, 1.6, what="a loop", expected=1.0) is None
+        with pytest.raises(blocking.Stalled):
+            blocking.call(time.sleep, 5, what="the train loop at global step 7", expected=1.0, timeout=1.6)
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("waiting for the train loop at global step 7 for "), lines
+    assert lines[0].endswith(" s, the longest before it took 1.0 s"), lines
+
+
+def test_a_signal_stops_blocked_work_at_once_outside_a_deferred_block(handlers, blocked):
+    signal_soon(signal.SIGTERM)
+    started = time.monotonic()
+    with pytest.raises(blocking.Abandoned) as raised:
+        blocking.call(blocked, what="the first training batch")
+    assert time.monotonic() - started < 2
+    assert raised.value.signum == signal.SIGTERM and raised.value.what == "the first training batch"
+    assert interrupts.exit_status(raised.value) == 143
+
+
+def test_a_signal_inside_a_deferred_block_lets_work_that_finishes_in_its_grace_land_whole(handlers, quick):
+    landed = []
+    signal_soon(signal.SIGINT, after=0.1)
+    with pytest.raises(interrupts.Interrupted) as raised:
+        with interrupts.deferred():
+            landed.append(blocking.call(lambda: time.sleep(1.2) or "trained", what="a loop", expected=1.0))
+            landed.append("saved")
+    assert landed == ["trained", "saved"]
+    assert raised.value.signum == signal.SIGINT and not isinstance(raised.value, blocking.Abandoned)
+
+
+def test_a_signal_inside_a_deferred_block_abandons_work_still_blocked_after_its_grace(handlers, quick, blocked):
+    landed = []
+    signal_soon(signal.SIGTERM, after=0.1)
+    started = time.monotonic()
+    with pytest.raises(blocking.Abandoned) as raised:
+        with interrupts.deferred():
+            blocking.call(blocked, what="the train loop at global step 4", expected=0.2)
+            landed.append("saved")
+    # GRACE after the signal, which comes before twice what the work is expected to take.
+    assert 0.9 <= time.monotonic() - started < 3
+    assert landed == [] and raised.value.signum == signal.SIGTERM
+    assert interrupts.held() is None  # nothing stale is left for the next block
+    assert blocking.call(pow, 2, 3, what="the next work") == 8  # in a thread of its own
 
 
 @pytest.mark.slow

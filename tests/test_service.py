@@ -184,6 +184,67 @@ def test_a_run_whose_dispatcher_cannot_be_reached_exits_2_in_one_line(tmp_path):
         f"(Connection refused); start one with `python -m tf_harness.data.service dispatcher --port {port}`")
 
 
+@pytest.fixture
+def workerless_dispatcher():
+    """A dispatcher in this process with no worker: it accepts a trainer and never serves it a batch. Yields its
+    address."""
+    from tensorflow.data.experimental import service as tf_service
+
+    dispatcher = tf_service.DispatchServer(tf_service.DispatcherConfig(port=0))
+    yield dispatcher.target
+    dispatcher.stop()
+
+
+def _waiting_line(address):
+    return (f"waiting for the first training batch for 30 s (pipeline.service={address}: is a worker running? start "
+            f"one with `python -m tf_harness.data.service worker --dispatcher {address}`; the run fails after "
+            f"pipeline.service_timeout=300 s)")
+
+
+@pytest.mark.slow  # TensorFlow starts, then the run waits 30 s for its first waiting line
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_run_waiting_on_a_dispatcher_without_a_worker_says_so_and_stops_at_a_signal(workerless_dispatcher, tmp_path,
+                                                                                      signum, status):
+    address, output = workerless_dispatcher, tmp_path / "stdout"
+    with open(output, "w") as stdout:
+        process = subprocess.Popen([sys.executable, "run.py", *SMALL_RUN, f"pipeline.service={address}",
+                                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=PROJECT, stdout=stdout,
+                                   stderr=subprocess.PIPE, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        try:
+            deadline = time.monotonic() + 300
+            while "waiting for the first training batch" not in output.read_text() and time.monotonic() < deadline:
+                assert process.poll() is None, process.stderr.read()[-3000:]
+                time.sleep(0.2)
+            sent = time.monotonic()
+            process.send_signal(signum)
+            _, stderr = process.communicate(timeout=120)
+            took = time.monotonic() - sent
+        finally:
+            process.kill()
+    assert any(line.endswith(f"[WARNING] - {_waiting_line(address)}") for line in output.read_text().splitlines())
+    assert process.returncode == status, stderr[-3000:]
+    assert took < 15, took  # the handler's line at once; TensorFlow's own exit takes a few seconds on 2 cores
+    assert "Traceback" not in stderr
+    name = signal.Signals(signum).name
+    assert [line for line in stderr.splitlines() if "interrupted" in line] == [f"interrupted by {name}"]
+    assert stderr.strip().splitlines()[-1] == f"interrupted by {name}"
+    closing = (tmp_path / "run" / "run.log").read_text().strip().splitlines()[-1]
+    assert closing.endswith(f"run interrupted by {name}, exit status {status}"), closing
+
+
+@pytest.mark.slow  # starts TensorFlow and indexes the sample before it waits
+def test_a_run_that_gets_no_batch_within_the_service_timeout_fails_in_one_line(workerless_dispatcher, tmp_path):
+    address = workerless_dispatcher
+    result = run_cli(*SMALL_RUN, f"pipeline.service={address}", "pipeline.service_timeout=2",
+                     f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: no training batch came from the tf.data service at {address} in pipeline.service_timeout=2 s: its "
+        f"dispatcher has no worker, or none that can read the dataset's files; start one with `python -m "
+        f"tf_harness.data.service worker --dispatcher {address}` (no checkpoint to resume from)")
+
+
 @pytest.mark.slow  # starts two TensorFlow servers beside the benchmark
 def test_the_service_benchmark_prints_its_rows_and_ratios():
     result = subprocess.run([sys.executable, "-m", "benchmarks", "service", "--workers", "1", "--repeats", "1", "--seconds",

@@ -62,6 +62,12 @@ def raise_held() -> None:
         raise Interrupted(signum)
 
 
+def held():
+    """The signal held since a deferred() block began (or since one landed in a finalizer), or None: what work
+    waited on inside the block looks at (experiments/run_dir/blocking.py)."""
+    return _pending[0] if _pending else None
+
+
 def finished() -> None:
     """The job has logged its outcome and exit status: from here on a signal is held, not raised, so that the
     status stands and nothing prints a traceback on the way out. `started` ends this for a sweep's next job."""

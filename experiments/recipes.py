@@ -93,7 +93,8 @@ class Recipes:
             raise ConfigError(f"trainer.best_metric={self.metric} is not a metric dataset={spec.name} writes at "
                               f"every evaluation; it writes {'|'.join(written)}")
         self.keep, self.reports = trainer_settings.keep_best, trainer_settings.objective
-        self.patience, self.min_delta = trainer_settings.early_stopping.patience, trainer_settings.early_stopping.min_delta
+        self.patience = trainer_settings.early_stopping.patience
+        self.min_delta = trainer_settings.early_stopping.min_delta
         self.headline = metrics.headline(spec.task)
         self.training = False  # set by `resume`: only a training run's evaluations are counted
         self.stopped = False

@@ -159,8 +159,8 @@ TASK_METRICS = {"multilabel": ("auc/mean",), "binary": ("accuracy", "auc"), "mul
 # A regular expression, compiled here: an invalid one is a config error before TensorFlow starts.
 REGEX = Key("a regular expression", lambda value: isinstance(value, str) and _compiles(value))
 MULTIPLIERS = Key("a mapping of regular expressions to factors > 0, e.g. {tower: 0.1}",
-                  lambda value: isinstance(value, dict) and all(REGEX.accepts(rule) and _is_number(factor) and factor > 0
-                                                                for rule, factor in value.items()))
+                  lambda value: isinstance(value, dict) and all(
+                      REGEX.accepts(rule) and _is_number(factor) and factor > 0 for rule, factor in value.items()))
 # The strategies (conf/strategy/<name>.yaml, experiments/strategies.py), each with the keys only it has.
 STRATEGY_KEYS = {"auto": {}, "one_device": {}, "mirrored": {"strategy.logical_cpus": integer(1)}, "multi_worker": {}}
 

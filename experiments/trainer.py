@@ -413,9 +413,9 @@ class Trainer:
         started_at, batch, wait = self.input.clock(), (), tf.constant(0.0, tf.float64)
         if ahead:  # the first batch before the loop, so every step in it finds its batch fetched
             batch, wait = self._fetch(iterator, after=started_at)
+        arrays = (tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool))
         start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, tf.constant(0.0),
-                 tf.constant(0.0), *(tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool)),
-                 tf.constant(0), batch)
+                 tf.constant(0.0), *arrays, tf.constant(0), batch)
         # `_train_one` (steps None): the body once, with no loop for the graph optimizer to work through.
         end = body(*start) if steps is None else tf.while_loop(keep_going, body, start)
         _, in_a_row, _, wait, loss_sum, norm_sum, logits, labels, applied, live_steps, _ = end

@@ -482,7 +482,8 @@ def test_good_recipe_values_pass():
 
     for overrides in [("trainer.keep_best=true", "trainer.best_metric=auc/Mass", "trainer.early_stopping.patience=0",
                        "trainer.ema_decay=0", "trainer.accumulate_steps=4", "trainer.clip_global_norm=1"),
-                      ("dataset=lfw_pairs", "trainer.best_metric=loss", "trainer.best_mode=min", "trainer.objective=best"),
+                      ("dataset=lfw_pairs", "trainer.best_metric=loss", "trainer.best_mode=min",
+                       "trainer.objective=best"),
                       ("mode=predict", "checkpoint=best"), ("mode=evaluate", "checkpoint=40")]:
         assert schema.problems(compose(*overrides), {}) == [], overrides
 
@@ -593,3 +594,32 @@ def test_an_invalid_rule_is_refused_before_tensorflow_starts(key, value, line):
     OmegaConf.update(cfg, key, value, merge=False)
     problem = schema.first_problem(cfg, {})
     assert problem.startswith(line) and "\n" not in problem, problem
+
+
+def test_the_recipes_compile_with_xla_as_a_gpu_runs_them(monkeypatch):
+    """A GPU's default compiles the step with XLA and fetches ahead: the accumulation loop, the clipping and the
+    moving average train there as without XLA, to float tolerance (no augmentation: XLA draws other numbers)."""
+    recipe = ("trainer.accumulate_steps=2", "trainer.clip_global_norm=0.01", "trainer.ema_decay=0.5",
+              "trainer.steps_per_loop=2", "trainer.fetch_ahead=true")
+    compiled = flat_trainer(monkeypatch, "trainer.jit_compile=true", *recipe)
+    plain = flat_trainer(monkeypatch, "trainer.jit_compile=false", *recipe)
+    assert compiled.jit_compile and not plain.jit_compile
+    for trainer in (compiled, plain):
+        batches = iter(faces(64).batch(BATCH).repeat())
+        loop = trainer.train_loop(batches, 2)
+        assert loop.steps == 2 and loop.gradient_norm > 0.01 and trainer.step == 2
+    for mine, theirs in zip(compiled.model.variables + compiled.optimizer.variables,
+                            plain.model.variables + plain.optimizer.variables):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_recipes_train_under_float16_loss_scaling(tmp_path):
+    """The loss-scale optimizer wraps the one that keeps the averages; the clipped norm is the unscaled one."""
+    result = run_cli(*SMOKE, "pipeline.dtype=float16", "trainer.clip_global_norm=1.0", "trainer.ema_decay=0.9",
+                     "trainer.accumulate_steps=2", "trainer.keep_best=true", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "best.json").is_file() and len(metrics_history.read(tmp_path)) == 2
+    from tests.conftest import event_tags
+    accumulator, _ = event_tags(tmp_path / "train")
+    norms = [float(tf.make_ndarray(event.tensor_proto)) for event in accumulator.Tensors("gradient_norm")]
+    assert norms and all(0 < norm < 1e3 for norm in norms), norms  # unscaled: not times the loss scale (2 ** 15)

@@ -52,10 +52,10 @@ log = logging.getLogger(__name__)
 
 SAVED = Path(".hydra") / "config.yaml"
 # Keys the command line may change on re-entry (docs/run-directory.md); `strategy` is the whole group.
-RUN_CONTROL = ("mode", "checkpoint", "trainer.train_steps", "trainer.eval_every", "trainer.eval_steps", "trainer.eval_timeout",
+RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eval_steps", "trainer.eval_timeout",
                "trainer.checkpoint_every", "trainer.log_every", "trainer.steps_per_loop", "trainer.fetch_ahead",
                "trainer.jit_compile", "trainer.graph_optimizer", "trainer.profile_steps", "dataset.root",
-               "pipeline.source", "pipeline.cache", "pipeline.service", "pipeline.service_timeout")
+               "pipeline.source", "pipeline.cache", "pipeline.service", "pipeline.service_timeout", "checkpoint")
 # May change in these modes only: the checkpoint does not depend on them, but training's saved input
 # iterator depends on the batch size, and training holds the evaluation pairs' people out.
 EVALUATION_KEYS = ("pipeline.batch_size", "dataset.eval_pairs", "dataset.fold")

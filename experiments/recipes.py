@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 RECORD = "best.json"  # <run>/best.json
 FOLDER = "best"  # <run>/best/ckpt-<step>
-TRAINING_MODES = ("train", "train_and_evaluate")
 _BEST = re.compile(rf"^{checkpoints.PREFIX}-(\d+)(\.|_temp)")
 
 

@@ -101,11 +101,10 @@ def test_steps_per_loop_null_means_one_step_calls_on_cpu_alone():
 def test_later_loops_run_in_a_waited_thread_on_the_first_loops_trace(steps_per_loop):
     """The runner's first loop trains on the batch fetched on the host, in the main thread; each later loop runs in
     the thread experiments/run_dir/blocking.py waits on, and reuses that trace: Keras keeps settings per thread."""
-    from tf_harness.experiments import review
     from tf_harness.experiments.run_dir import blocking
     trainer = make_trainer(f"trainer.steps_per_loop={steps_per_loop}")
     iterator = iter(pairs().repeat().batch(BATCH, drop_remainder=True))  # as input_fn batches training input
-    _, _, first = blocking.call(review.first_batch, iterator, trainer.preprocess, 0, what="the first batch")
+    first = iter(tf.data.Dataset.from_tensors(blocking.call(next, iterator, what="the first batch")))
     assert trainer.train_loop(first, 1).steps == 1
     for _ in range(2):
         stats = blocking.call(trainer.train_loop, iterator, steps_per_loop, what="a loop", expected=60.0)

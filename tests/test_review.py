@@ -51,7 +51,7 @@ def test_training_inputs_come_augmented_and_normalised_from_the_first_batch_the_
     (expected_a, _), expected_labels, _ = next(expected)
     shown = []
     trainer = SimpleNamespace(preprocess=preprocess, first_update=lambda first, iterator: first)  # one batch an update
-    controller = SimpleNamespace(writes=True, trainer=trainer, spec=task_of(cfg).SPEC,
+    controller = SimpleNamespace(writes=True, trainer=trainer, spec=task_of(cfg).SPEC, _input_wait=lambda: {},
                                  summaries=SimpleNamespace(inputs=lambda *args: shown.append(args)))
     trained = Controller._first_batch(controller, iterator, 0)
     ((features, labels, _, step),) = shown

@@ -68,7 +68,7 @@ def call(work, *args, what, expected=0.0, hint="", timeout=None, stalled=None):
     """Returns `work(*args)`, or raises what it raised, having run it in a daemon thread while this thread waits.
     One caller at a time (the runner's main thread).
 
-    `what` names the work in the waiting line (``waiting for <what> for 60 s (<hint>)``); `expected`: the seconds
+    `what` names the work in the waiting line (``waiting for <what> for <seconds> s (<hint>)``); `expected`: the seconds
     it is expected to take at most (the longest such work before it). `timeout`: seconds past `expected` after
     which Stalled is raised with the line `stalled()` gives; None waits however long. A signal raises Abandoned
     when the work is left unfinished (module docstring)."""

@@ -223,6 +223,7 @@ def test_a_row_timed_against_itself_reads_one_under_a_clock_tick():
     assert timing_ratios([Timing(0.006, 0.02, None)], runs[:1], "cpu") == [pytest.approx(2.0)]
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_steps_cost_runs_the_yardstick_step_and_loops(capsys):
     out = run_benchmark(capsys, "steps", "cost", *TINY_LFW, "--steps", "2", "--rounds", "1", "--loops", "2")
     assert "devices: ['/device:CPU:0']" in out
@@ -355,6 +356,7 @@ def test_steps_host_loss_prints_every_ceiling_and_each_loop(capsys):
                      rf"{SPREAD} ms per step", out), out
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_steps_host_loss_runs_a_trainer_per_variant_beside_the_ceilings(capsys):
     """host-loss --variant: the trainer's loop once per variant, each under its own overrides, against one set of
     ceilings (how trainer.fetch_ahead is weighed on a GPU)."""

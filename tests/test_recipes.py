@@ -33,6 +33,7 @@ def test_the_history_appends_each_evaluation_and_skips_a_damaged_line(tmp_path, 
     assert metrics_history.read(tmp_path / "none") == []
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_every_evaluation_is_in_metrics_jsonl_and_a_re_entry_appends(tmp_path):
     run_dir = tmp_path / "run"
     trained = run_cli(*SMOKE, f"hydra.run.dir={run_dir}")
@@ -78,6 +79,7 @@ def test_clipping_scales_the_update_to_the_global_norm_and_logs_the_norm_before(
     np.testing.assert_allclose(moved / 0.5, limit, rtol=1e-3)  # ...and the update's, clipped
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_the_gradient_norm_is_a_train_scalar_with_clipping_only(tmp_path):
     from tests.conftest import event_tags
 
@@ -181,6 +183,7 @@ def test_a_warm_start_from_an_ema_run_takes_the_averaged_weights_and_says_so(tmp
     assert warm_start.restore(plain.model, make_trainer().checkpoint().save(str(tmp_path / "plain"))).averaged == 0
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_an_export_of_an_ema_run_serves_the_averaged_weights(tmp_path):
     run_dir = tmp_path / "run"
     trained = run_cli(*SMOKE, "trainer.ema_decay=0.5", "mode=train", f"hydra.run.dir={run_dir}")
@@ -284,6 +287,7 @@ def test_accumulation_resumes_exactly_from_a_checkpoint(monkeypatch, tmp_path):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_accumulation_trains_under_several_replicas_and_counts_examples_per_update(tmp_path):
     result = run_cli(*SMOKE, "strategy=mirrored", "strategy.logical_cpus=2", "trainer.accumulate_steps=2",
                      "trainer.clip_global_norm=1.0", f"hydra.run.dir={tmp_path}")
@@ -413,6 +417,7 @@ def test_the_sweep_summary_takes_the_best_value_where_the_job_reports_it(tmp_pat
     assert sweep_report.headline_of(config, 0.9) == "auc"
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_a_run_keeps_its_best_stops_early_stays_stopped_and_evaluates_its_best(tmp_path):
     run_dir = tmp_path / "run"
     args = (*SMOKE, "trainer.train_steps=12", "trainer.keep_best=true", "trainer.keep_checkpoints=1",
@@ -613,6 +618,7 @@ def test_the_recipes_compile_with_xla_as_a_gpu_runs_them(monkeypatch):
         np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_the_recipes_train_under_float16_loss_scaling(tmp_path):
     """The loss-scale optimizer wraps the one that keeps the averages; the clipped norm is the unscaled one."""
     result = run_cli(*SMOKE, "pipeline.dtype=float16", "trainer.clip_global_norm=1.0", "trainer.ema_decay=0.9",

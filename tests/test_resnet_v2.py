@@ -87,6 +87,7 @@ def test_the_key_is_typed_and_a_missing_file_fails_before_tensorflow_starts(tmp_
                       f"(from scratch)"
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_imagenet_weights_that_cannot_be_downloaded_are_one_line_naming_the_file(tmp_path):
     # No network: a proxy that refuses, so the download fails at once whatever this machine can reach.
     unreachable = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": "",
@@ -149,6 +150,7 @@ def test_weights_that_do_not_fit_are_one_line_naming_the_file_and_what_is_wrong(
         assert not [warning for warning in caught if "keras" in warning.filename], caught[0].message
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_weights_of_another_depth_are_refused_before_the_run_writes_anything(other_depth, tmp_path):
     result = run_cli("dataset=chest_xray", "model=resnet_v2_50", f"model.pretrained={other_depth}",
                      "pipeline.image_size=32", "pipeline.batch_size=4", "trainer.train_steps=2",

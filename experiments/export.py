@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
-from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.core.protobuf import fingerprint_pb2, saved_model_pb2
 
 from tf_harness.experiments.run_dir import checkpoints
 from tf_harness.experiments.run_dir.directory import no_checkpoint
@@ -264,6 +264,20 @@ def damage(folder: Path) -> str | None:
     return None
 
 
+def bookkeeping(folder: Path) -> list:
+    """What has gone from a complete export's own records, which no loader needs: its checkpoint record, and the
+    fingerprint.pb TensorFlow writes with every SavedModel (present, parsing, not blank)."""
+    problems = [] if read_record(folder) else [f"holds no readable {RECORD.as_posix()}"]
+    fingerprint = fingerprint_pb2.FingerprintDef()
+    try:
+        fingerprint.ParseFromString((folder / "fingerprint.pb").read_bytes())
+    except (OSError, DecodeError):
+        fingerprint.Clear()
+    if not fingerprint.saved_model_checksum:
+        problems.append("holds no readable fingerprint.pb")
+    return problems
+
+
 def export(task, trainer, run_dir, restored=None):
     """Exports a checkpoint to `<run>/export/<global_step>/`: `restored`, restored into `trainer` already
     (`checkpoint=best|<step>`), or by default the run directory's newest restorable one
@@ -300,6 +314,8 @@ def export(task, trainer, run_dir, restored=None):
     if target.exists():
         log.info("%s is there already: global step %d was exported before; leaving it as it is", target,
                  trainer.step)
+        for problem in bookkeeping(target):
+            log.warning("%s %s; its weights are those of %s, so it is kept as it is", target, problem, latest)
         return target
     export_dir.mkdir(exist_ok=True)
     spec = task.SPEC

@@ -26,7 +26,7 @@ from tf_harness.experiments import export, metrics, recipes, review, sidecar, st
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
-from tf_harness.experiments.schema import EVALUATION_MODES, TRAINING_MODES
+from tf_harness.experiments.schema import EVALUATING_MODES, EVALUATION_MODES, TRAINING_MODES
 from tf_harness.experiments.settings import Settings
 from tf_harness.experiments.startup import StartupClock
 from tf_harness.experiments.summaries import Summaries
@@ -110,7 +110,10 @@ def run(settings: Settings):
     if writes:
         skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
     check_skipped(tables, skipped, settings.dataset.max_skipped_fraction)  # after: its error points at skipped.csv
-    summaries = Summaries(str(model_dir), ("train", "validation") if writes else ("validation",) if evaluator else ())
+    # Event files where this process has events to write: a refused export or predict leaves the folder as it was.
+    splits = ("train", "validation") if settings.mode in TRAINING_MODES else \
+        ("validation",) if settings.mode in EVALUATING_MODES else ()
+    summaries = Summaries(str(model_dir), splits if writes else ("validation",) if evaluator else ())
     if writes:
         summaries.hparams(settings, task.SPEC.task, HydraConfig.get())
     controller = Controller(settings, task, pipeline, trainer, summaries, run_dir, tables, skipped, clock,

@@ -276,6 +276,31 @@ def test_an_export_records_its_checkpoint_and_one_of_another_checkpoint_is_refus
     assert snapshot(target.parent) == before
 
 
+@pytest.mark.parametrize("damage", ["delete", "empty", "garble"])
+def test_an_export_whose_own_records_were_damaged_is_kept_with_a_warning_for_each(tmp_path, caplog, damage):
+    """The damage matrix's case: an export whose checkpoint record or fingerprint.pb was deleted, emptied or garbled
+    was kept without a word."""
+    task, trainer = tiny_trainer(tiny_config("lfw_pairs"))
+    trainer.global_step.assign(2)
+    trainer.checkpoint().write(str(tmp_path / "checkpoints" / "ckpt-2"))
+    target = export_run(task, trainer, tmp_path)
+    for path in (target / "assets.extra" / "checkpoint.json", target / "fingerprint.pb"):
+        if damage == "delete":
+            path.unlink()
+        else:
+            path.write_bytes(b"" if damage == "empty" else bytes(range(256)) * 4)
+    before = snapshot(target.parent)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.export"):
+        assert export_run(task, trainer, tmp_path) == target
+    warnings = [record.getMessage() for record in caplog.records
+                if record.levelno == logging.WARNING and record.name == "tf_harness.experiments.export"]
+    kept = f"; its weights are those of {tmp_path / 'checkpoints' / 'ckpt-2'}, so it is kept as it is"
+    assert warnings == [f"{target} holds no readable assets.extra/checkpoint.json{kept}",
+                        f"{target} holds no readable fingerprint.pb{kept}"]
+    assert snapshot(target.parent) == before
+
+
 @pytest.fixture(scope="module", params=sorted(TINY))
 def loaded(request, tmp_path_factory):
     """(task, serving_default) of a tiny export of each dataset, loaded from disk."""

@@ -213,6 +213,15 @@ def guarded(task, cfg, problem) -> Outcome:
     return Outcome(metric)
 
 
+def _interrupted(error: KeyboardInterrupt, line: str) -> int:
+    """Reports a run that a signal stopped, on stderr and in run.log; returns its exit status (130 or 143)."""
+    interrupts.finished()  # a second Ctrl-C does not cut this short
+    status = interrupts.exit_status(error)
+    print(line, file=sys.stderr)
+    _to_run_log(line, _closing(status, line))
+    return status
+
+
 def exit_code(main) -> int:
     """Runs `main`, which starts Hydra (it reads sys.argv), and returns the documented exit status."""
     global _existing_run_dir
@@ -230,15 +239,12 @@ def exit_code(main) -> int:
     except (HydraException, OmegaConfBaseException) as error:
         _report(error, "config error", 2)
         return 2
-    except KeyboardInterrupt as error:  # Ctrl-C, or SIGINT/SIGTERM as tf_harness.experiments.run_dir.interrupts.Interrupted
-        interrupts.finished()  # a second Ctrl-C does not cut this short
-        status = interrupts.exit_status(error)  # 130 for SIGINT, 143 for SIGTERM
-        stopped_by = f"interrupted{f' by {error}' if str(error) else ''}"
-        print(f"interrupted{f' by {error}' if str(error) else ''}", file=sys.stderr)
-        _to_run_log(f"interrupted{f' by {error}' if str(error) else ''}",
-                    _closing(status, f"interrupted{f' by {error}' if str(error) else ''}"))
-        return status
-    except Exception as error:
+    except (KeyboardInterrupt, Exception) as error:
+        # Ctrl-C or SIGINT/SIGTERM (interrupts.Interrupted), or the ImportError an extension module raises from one
+        interrupt = interrupts.behind(error)
+        if interrupt is not None:
+            stopped_by = f"interrupted{f' by {interrupt}' if str(interrupt) else ''}"
+            return _interrupted(interrupt, stopped_by)
         # Hydra's own writes: the run directory, run.log, .hydra/ (whose failed write names no file).
         run_dir, record = reentry.newest_record_folder()
         line = os_errors.describe(error, where=record, resumable=_resumable(run_dir))

@@ -45,6 +45,25 @@ def run(settings: Settings):
     clock = StartupClock()
     model_dir = Path(HydraConfig.get().runtime.output_dir)
     evaluator = sidecar.wanted(settings)  # mode=continuous_eval, or TF_CONFIG's evaluator task
+    keras.backend.clear_session()  # a sweep's jobs share this process: each starts from a clean Keras state
+    keras.utils.set_random_seed(settings.seed)
+    if settings.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    # The strategy comes before any TensorFlow op runs (the claim below reads checkpoints): MultiWorkerMirrored
+    # configures collective ops, and a mirrored CPU is split into devices, only before the runtime starts.
+    # The evaluator runs on one device, whatever the run trains with; TF_CONFIG was checked with the config.
+    strategy = strategies.one_device() if evaluator else strategies.make_strategy(settings.strategy)
+    if evaluator:
+        log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
+    if settings.pipeline.batch_size % strategy.num_replicas_in_sync:
+        replicas = strategy.num_replicas_in_sync
+        raise ConfigError(f"pipeline.batch_size={settings.pipeline.batch_size} does not divide across {replicas} "
+                          f"replicas; use a multiple of {replicas}")
+    policy = _POLICIES[settings.pipeline.dtype]  # float32 variables, logits and loss (experiments/trainer.py)
+    keras.mixed_precision.set_global_policy(policy)
+    if policy != "float32":
+        log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", settings.pipeline.dtype,
+                 policy)
 
     # Run directory: claim it ------------------------------------------------------------------------------------
     # The trainer takes the run lock and clears a killed run's leftovers; the sidecar its own lock and eval.log.
@@ -63,23 +82,6 @@ def run(settings: Settings):
                  sidecar.LOG_NAME)
     else:
         log.info("Run directory: %s", model_dir)
-    keras.backend.clear_session()  # a sweep's jobs share this process: each starts from a clean Keras state
-    keras.utils.set_random_seed(settings.seed)
-    if settings.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    # The evaluator runs on one device, whatever the run trains with; TF_CONFIG was checked with the config.
-    strategy = strategies.one_device() if evaluator else strategies.make_strategy(settings.strategy)
-    if evaluator:
-        log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
-    if settings.pipeline.batch_size % strategy.num_replicas_in_sync:
-        replicas = strategy.num_replicas_in_sync
-        raise ConfigError(f"pipeline.batch_size={settings.pipeline.batch_size} does not divide across {replicas} "
-                          f"replicas; use a multiple of {replicas}")
-    policy = _POLICIES[settings.pipeline.dtype]  # float32 variables, logits and loss (experiments/trainer.py)
-    keras.mixed_precision.set_global_policy(policy)
-    if policy != "float32":
-        log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", settings.pipeline.dtype,
-                 policy)
     # Under multi_worker only the chief writes the run directory's files; the others would clash.
     chief = strategies.is_chief(strategy)
     _, worker = strategies.workers()

@@ -1,11 +1,12 @@
-"""The damage matrix: every file and folder of a finished run directory, deleted, emptied or garbled, then re-entered
-with the training command and with `mode=evaluate`.
+"""The damage matrix: every file and folder of a finished, exported run directory, deleted, emptied or garbled, then
+re-entered with the training command and with `mode=evaluate`, and each of its export's with `mode=export`.
 
 Each run ends one of two ways, and the outcomes make docs/run-directory.md's table "What each kind of damage does",
 which the last test compares with what was observed here:
 
-- exit 0, having resumed (or evaluated) from the newest intact checkpoint, and, where the damage touched something
-  the run reads, a WARNING line in run.log saying what it found and what it did about it;
+- exit 0, having resumed (or evaluated, or exported) from the newest intact checkpoint, and, where the damage
+  touched something the run reads, a WARNING line in run.log saying what it found and what it did about it; an
+  export it leaves is complete and loads;
 - a non-zero exit with one line on stderr, the run directory left as it was: every file's bytes the same, but
   run.log (appended to) and `.hydra/reentry-*` (each re-entry's record).
 
@@ -13,8 +14,9 @@ Never a traceback, never a checkpoint file that was intact changed or gone, neve
 `hydra.yaml` or `overrides.yaml` rewritten.
 
 The cases are found in the run directory itself, so a file the harness starts writing is damaged too. A file is
-deleted, emptied and garbled; a folder deleted and emptied. The files no run reads back (UNREAD) are damaged
-together, one case per damage, and so are the folders of the event files: 42 cases, 84 runs.
+deleted, emptied and garbled; a folder deleted and emptied. The files training and evaluation do not read back
+(UNREAD) are damaged together, one case per damage, and so are the folders of the event files and the export; the
+export's files and folders, which `mode=export` alone reads, are damaged one by one for it.
 
 One finished run is trained once and copied for each run. A process that imports TensorFlow takes 5-15 s to start
 on this project's 2-core machines, more than most runs take after it, so the runs are children forked from a server
@@ -48,16 +50,19 @@ pytestmark = pytest.mark.slow
 TINY = ("dataset=lfw_pairs", "experiment=smoke", "pipeline.image_size=24", "pipeline.batch_size=8",
         "model.widths=[8,16]", "model.embedding_size=16", "model.head_units=8", "trainer.eval_steps=1")
 TRAINED_TO, MORE = 4, 6
-COMMANDS = {"train": (f"trainer.train_steps={MORE}",), "evaluate": ("mode=evaluate",)}
+COMMANDS = {"train": (f"trainer.train_steps={MORE}",), "evaluate": ("mode=evaluate",), "export": ("mode=export",)}
+TRAINING_COMMANDS = ("train", "evaluate")  # what every case is re-entered with; an export's cases, with mode=export
 DAMAGES = ("delete", "empty", "garble")
 # What a re-entry may change in a run directory it refuses: run.log (appended) and its own .hydra/reentry-*/.
 MAY_CHANGE = re.compile(r"^(run\.log|\.hydra/reentry-[^/]+/.*)$")
-# What no re-entry reads back: it appends to run.log, rewrites skipped.csv, writes event files of its own beside the
-# old ones, replaces the session-end record, only locks .lock, and keeps overrides.yaml as Hydra's record of the first
-# command line. These are damaged together, one case per damage, and so are the folders of the event files.
+# What no training or evaluating re-entry reads back: it appends to run.log, rewrites skipped.csv, writes event files
+# of its own beside the old ones, replaces the session-end record, only locks .lock, keeps overrides.yaml as Hydra's
+# record of the first command line, and leaves the export alone. These are damaged together, one case per damage, and
+# so are the folders of the event files and the export.
+EXPORT = re.compile(r"^export/")
 UNREAD = re.compile(r"^(run\.log|skipped\.csv|\.lock|\.hydra/overrides\.yaml|(train|validation)/events\.out\.tfevents\..*"
-                    r"|events\.out\.tfevents\..*\.session_end)$")
-UNREAD_FOLDERS = ("train/", "validation/")
+                    r"|events\.out\.tfevents\..*\.session_end|export/.*)$")
+UNREAD_FOLDERS = ("train/", "validation/", "export/")
 SAVED_HYDRA = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 CHECKPOINT_FILE = re.compile(r"^checkpoints/ckpt-(\d+)\.(index|data-\d+-of-\d+)$")
 PARALLEL = 2
@@ -150,17 +155,22 @@ def label(target) -> str:
 
 
 def cases_of(run_dir) -> list:
-    """(targets, damage) of every case: each file with each damage, each folder deleted and emptied (garbling is
-    for a file's bytes); the files no run reads back, and their folders, damaged together, one case per damage."""
+    """(targets, damage, commands) of every case: each file with each damage, each folder deleted and emptied
+    (garbling is for a file's bytes), re-entered with the training commands; the files these do not read back, and
+    their folders, damaged together, one case per damage; and the export's files and folders one by one, re-entered
+    with mode=export."""
     files, folders = [], []
     for path in sorted(Path(run_dir).rglob("*")):
         relative = path.relative_to(run_dir).as_posix()
         (folders if path.is_dir() else files).append(relative + "/" if path.is_dir() else relative)
     unread = tuple(path for path in files if UNREAD.match(path))
-    cases = [((path,), how) for path in files if path not in unread for how in DAMAGES]
-    cases += [((path,), how) for path in folders if path not in UNREAD_FOLDERS for how in DAMAGES[:2]]
-    cases += [(unread, how) for how in DAMAGES]
-    cases += [(UNREAD_FOLDERS, how) for how in DAMAGES[:2]]
+    cases = [((path,), how, TRAINING_COMMANDS) for path in files if path not in unread for how in DAMAGES]
+    cases += [((path,), how, TRAINING_COMMANDS) for path in folders
+              if path not in UNREAD_FOLDERS and not EXPORT.match(path) for how in DAMAGES[:2]]
+    cases += [(unread, how, TRAINING_COMMANDS) for how in DAMAGES]
+    cases += [(UNREAD_FOLDERS, how, TRAINING_COMMANDS) for how in DAMAGES[:2]]
+    cases += [((path,), how, ("export",)) for path in files if EXPORT.match(path) for how in DAMAGES]
+    cases += [((path,), how, ("export",)) for path in folders if EXPORT.match(path) for how in DAMAGES[:2]]
     return cases
 
 
@@ -206,7 +216,8 @@ def short_reason(line) -> str:
 
 def run_case(server, base, work, targets, how, command):
     """Damages a copy of `base` and re-enters it with `command`; returns what happened and what went wrong."""
-    name = re.sub(r"[^A-Za-z0-9.-]+", "_", "+".join(targets) if len(targets) < 3 else "unread")
+    name = re.sub(r"[^A-Za-z0-9.-]+", "_", "+".join(targets) if len(targets) < 3 else
+                  "unread-folders" if tuple(targets) == UNREAD_FOLDERS else "unread")
     case = work / f"{name}-{how}-{command}"
     run_dir = case / "run"
     shutil.copytree(base, run_dir, symlinks=True)
@@ -237,14 +248,20 @@ def run_case(server, base, work, targets, how, command):
     intact_steps = checkpoint_steps(intact) - checkpoint_steps(touched)
     newest = max(intact_steps) if intact_steps else None
     if status == 0:
-        found = re.findall(r"(?:Resumed from|Restored) \S*/ckpt-(\d+)", stdout)
-        step = int(found[-1]) if found else None
+        found = re.findall(r"(?:Resumed from|Restored|Exported) \S*/ckpt-(\d+)|global step (\d+) was exported before",
+                           stdout)
+        step = int(next(filter(None, found[-1]))) if found else None
         if step != newest:
             problems.append(f"restored {step}, not the newest intact checkpoint, {newest}")
         if command == "train":
             outcome = f"resumes from ckpt-{step}" if step is not None else "trains from step 0"
-        else:
+        elif command == "evaluate":
             outcome = f"evaluates ckpt-{step}"
+        else:
+            outcome = f"exports ckpt-{step}" if "Exported" in stdout else f"keeps export/{step}"
+            unloadable = loads(run_dir / "export" / str(step))
+            if unloadable:
+                problems.append(f"export/{step} is left, and {unloadable}")
         if warnings:
             outcome += " (logged)"
     else:
@@ -262,14 +279,29 @@ def run_case(server, base, work, targets, how, command):
             "case": str(case), "last_line": (stderr.strip().splitlines() or [""])[-1]}
 
 
+def loads(folder) -> str | None:
+    """Why the export in `folder` does not serve, None when it does: TensorFlow loads it, in a process of its own,
+    and its signature answers a request of one PNG pair."""
+    code = ("import sys, tensorflow as tf; model = tf.saved_model.load(sys.argv[1]); "
+            "png = tf.io.encode_png(tf.zeros([24, 24, 3], tf.uint8)); "
+            "model.signatures['serving_default'](image_bytes_a=tf.stack([png]), image_bytes_b=tf.stack([png]))")
+    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    lines = done.stderr.strip().splitlines()
+    return None if done.returncode == 0 else f"it does not serve ({lines[-1] if lines else done.returncode})"
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """A finished run: trained to step 4 with checkpoints every 2 steps, evaluated."""
+    """A finished run: trained to step 4 with checkpoints every 2 steps, evaluated, and exported."""
     run_dir = tmp_path_factory.mktemp("damage") / "base"
     result = run_cli(*TINY, f"trainer.train_steps={TRAINED_TO}", "trainer.checkpoint_every=2",
                      f"hydra.run.dir={run_dir}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "metrics.json").is_file() and (run_dir / "checkpoints" / f"ckpt-{TRAINED_TO}.index").is_file()
+    result = run_cli(f"hydra.run.dir={run_dir}", "mode=export", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert loads(run_dir / "export" / str(TRAINED_TO)) is None
     return run_dir
 
 
@@ -277,32 +309,10 @@ def base(tmp_path_factory):
 def observed(base, tmp_path_factory):
     """Every case's outcome, two at a time; the time and table printed (pytest -s)."""
     work = tmp_path_factory.mktemp("cases")
-    runs = [(targets, how, command) for targets, how in cases_of(base) for command in COMMANDS]
+    runs = [(targets, how, command) for targets, how, commands in cases_of(base) for command in commands]
     # The longest first (a training run on what it resumes from), so that the two servers finish together.
     runs.sort(key=lambda run: run[2] != "train")
-    servers = queue.Queue()
-    for _ in range(PARALLEL):
-        servers.put(Server())
-    started = time.monotonic()
-
-    def one(run):
-        server = servers.get()
-        try:
-            return run_case(server, base, work, *run)
-        finally:
-            servers.put(server)
-
-    try:
-        with ThreadPoolExecutor(PARALLEL) as pool:
-            results = list(pool.map(one, runs))
-    finally:
-        while not servers.empty():
-            servers.get().close()
-    print(f"\n{len(cases_of(base))} cases, {len(runs)} runs in {time.monotonic() - started:.0f} s "
-          f"({sum(r['cpu'] for r in results):.0f} CPU s)")
-    print(table(results))
-    (work / "observed.json").write_text(json.dumps(results, indent=1))
-    return results
+    return observe(runs, lambda server, run: run_case(server, base, work, *run), work, table)
 
 
 def table(results) -> str:
@@ -316,8 +326,8 @@ def table(results) -> str:
     lines = ["| damaged | deleted | emptied | garbled |", "|---|---|---|---|"]
     for name in sorted(rows, key=lambda name: (name.endswith("†"), name.strip("`").lower())):
         cells = rows[name]
-        shown = ["<br>".join(f"{command}: {cells[how][command]}" for command in COMMANDS) if how in cells else "—"
-                 for how in DAMAGES]
+        shown = ["<br>".join(f"{command}: {cells[how][command]}" for command in COMMANDS if command in cells[how])
+                 if how in cells else "—" for how in DAMAGES]
         lines.append(f"| {name} | " + " | ".join(shown) + " |")
     return "\n".join(lines)
 
@@ -332,7 +342,8 @@ def test_damage_to_what_a_run_reads_is_logged_where_it_goes_on(observed):
     """A resume or evaluation past damage to what it reads says so in run.log: the newest checkpoint's files, the
     state file, the saved Hydra settings, and for training the input pipeline record and metrics.json."""
     read = {"train": re.compile(r"^(checkpoints/(checkpoint|ckpt-4\..*|input_pipelines\.json|)|\.hydra/hydra\.yaml)$"),
-            "evaluate": re.compile(r"^(checkpoints/(checkpoint|ckpt-4\..*|)|\.hydra/hydra\.yaml)$")}
+            "evaluate": re.compile(r"^(checkpoints/(checkpoint|ckpt-4\..*|)|\.hydra/hydra\.yaml)$"),
+            "export": re.compile(r"^export/4/.*$")}
     silent = [f"{r['targets'][0]} {r['how']}, {r['command']}" for r in observed
               if r["status"] == 0 and len(r["targets"]) == 1 and read[r["command"]].match(r["targets"][0])
               and not r["warnings"]]
@@ -341,6 +352,247 @@ def test_damage_to_what_a_run_reads_is_logged_where_it_goes_on(observed):
 
 def test_the_docs_table_is_what_was_observed(observed):
     docs = (PROJECT / "docs" / "run-directory.md").read_text()
-    section = docs.partition("## What each kind of damage does")[2]
+    section = docs.partition("## What each kind of damage does")[2].partition("\n## ")[0]
     documented = "\n".join(line for line in section.splitlines() if line.startswith("|"))
     assert documented == table(observed), f"docs/run-directory.md's table is not what was observed:\n{table(observed)}"
+
+
+# A sweep folder: what the sweep itself keeps beside its jobs' run directories (the rows above cover those), damaged
+# the same ways, and the same sweep run again into it. It reports each job truthfully or exits with one line.
+SWEEP = ("-m", *TINY, "trainer.train_steps=2", "seed=1,2")
+SWEEP_OWN = re.compile(r"^(multirun\.yaml|\d+/(job_outcome|metrics)\.json|\d+/)$")
+SUMMARY = re.compile(r"^(\d+) jobs? ran, (\d+) failed; best (\S+) (\d\.\d{4}) in job (\d+)(?: \((.*)\))?: (.+)$")
+JOB_CHECKPOINT_FILE = re.compile(r"^\d+/checkpoints/ckpt-\d+\.(index|data-\d+-of-\d+)$")
+
+
+@pytest.fixture(scope="module")
+def sweep_base(tmp_path_factory):
+    """A finished sweep of two jobs."""
+    folder = tmp_path_factory.mktemp("sweep") / "base"
+    result = run_cli(*SWEEP, f"hydra.sweep.dir={folder}", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert SUMMARY.match(result.stderr.strip().splitlines()[-1]), result.stderr[-3000:]
+    return folder
+
+
+def sweep_cases_of(folder) -> list:
+    """(targets, damage) of each of the sweep's own files (each damage) and its job folders (deleted, emptied)."""
+    cases = []
+    for path in sorted(Path(folder).rglob("*")):
+        relative = path.relative_to(folder).as_posix() + ("/" if path.is_dir() else "")
+        if SWEEP_OWN.match(relative):
+            cases += [((relative,), how) for how in (DAMAGES[:2] if path.is_dir() else DAMAGES)]
+    return cases
+
+
+def truthful(folder, line) -> str | None:
+    """What the summary line `line` gets wrong about the jobs' metrics.json after the sweep; None when nothing."""
+    match = SUMMARY.match(line)
+    if match is None:
+        return f"no summary line (last: {line[:200]!r})"
+    metric, value, best = match.group(3), float(match.group(4)), int(match.group(5))
+    values = {}
+    for job in sorted(path for path in Path(folder).iterdir() if path.name.isdigit()):
+        try:
+            values[int(job.name)] = json.loads((job / "metrics.json").read_text())[metric]
+        except (OSError, ValueError, KeyError) as error:
+            return f"job {job.name}'s metrics.json does not read back ({type(error).__name__})"
+    if round(values.get(best, float("nan")), 4) != value or max(values.values()) != values[best]:
+        return f"it names job {best} with {value:.4f}; the jobs' metrics.json hold {values}"
+    return None
+
+
+def run_sweep_case(server, base, work, targets, how):
+    """Damages a copy of the sweep `base` and runs the sweep into it again; returns what happened."""
+    case = work / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{'+'.join(targets)}-{how}")
+    folder = case / "sweep"
+    shutil.copytree(base, folder, symlinks=True)
+    intact = hashes(folder)
+    for target in targets:
+        damage(folder, target, how, seed=f"{target}:{how}")
+    touched = touched_by(intact, targets)
+    status, _, stderr, cpu = server.run([*SWEEP, f"hydra.sweep.dir={folder}"], case)
+    after = hashes(folder)
+    lines = stderr.strip().splitlines()
+    last = lines[-1] if lines else ""
+    problems = ["a traceback on stderr"] if "Traceback" in stderr else []
+    problems += [f"{path} {'is gone' if path not in after else 'changed'}" for path, digest in intact.items()
+                 if JOB_CHECKPOINT_FILE.match(path) and path not in touched and after.get(path) != digest]
+    if status == 0:
+        untrue = truthful(folder, last)
+        problems += [f"the summary is untrue: {untrue}"] if untrue else []
+        retrained = sorted(path.partition("/")[0] for path in touched if JOB_CHECKPOINT_FILE.match(path))
+        outcome = "reports each job" + (f", job {retrained[0]} trained again" if retrained else "")
+    else:
+        if not re.match(r"^(config )?error: ", last):
+            problems.append(f"exit {status} without an error line (last: {last[:200]!r})")
+        outcome = f"exit {status}: {last[:80]}"
+    return {"targets": list(targets), "how": how, "status": status, "outcome": outcome, "problems": problems,
+            "cpu": round(cpu, 1), "case": str(case), "last_line": last}
+
+
+@pytest.fixture(scope="module")
+def sweep_observed(sweep_base, tmp_path_factory):
+    """Every sweep case's outcome, two at a time; the table printed (pytest -s)."""
+    work = tmp_path_factory.mktemp("sweep-cases")
+    return observe(sweep_cases_of(sweep_base), lambda server, case: run_sweep_case(server, sweep_base, work, *case),
+                   work, sweep_table)
+
+
+def observe(cases, run_one, work, make_table) -> list:
+    """Runs `run_one(server, case)` for every case, two at a time on forked servers; prints the time and table."""
+    servers = queue.Queue()
+    for _ in range(PARALLEL):
+        servers.put(Server())
+    started = time.monotonic()
+
+    def one(case):
+        server = servers.get()
+        try:
+            return run_one(server, case)
+        finally:
+            servers.put(server)
+
+    try:
+        with ThreadPoolExecutor(PARALLEL) as pool:
+            results = list(pool.map(one, cases))
+    finally:
+        while not servers.empty():
+            servers.get().close()
+    print(f"\n{len(cases)} runs in {time.monotonic() - started:.0f} s ({sum(r['cpu'] for r in results):.0f} CPU s)")
+    print(make_table(results))
+    (work / "observed.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def sweep_table(results) -> str:
+    """docs/sweeps-and-review.md's table: a row per file or folder of the sweep, a column per damage."""
+    rows = {}
+    for result in results:
+        rows.setdefault(f"`{result['targets'][0]}`", {})[result["how"]] = result["outcome"]
+    lines = ["| damaged | deleted | emptied | garbled |", "|---|---|---|---|"]
+    for name in sorted(rows):
+        lines.append(f"| {name} | " + " | ".join(rows[name].get(how, "—") for how in DAMAGES) + " |")
+    return "\n".join(lines)
+
+
+def test_every_damage_to_a_sweep_folder_ends_in_a_true_report_or_one_line(sweep_observed):
+    failures = [f"{'+'.join(r['targets'])} {r['how']}: {'; '.join(r['problems'])} ({r['case']})"
+                for r in sweep_observed if r["problems"]]
+    assert not failures, "\n".join(failures)
+
+
+def test_the_sweep_docs_table_is_what_was_observed(sweep_observed):
+    docs = (PROJECT / "docs" / "sweeps-and-review.md").read_text()
+    section = docs.partition("## What each kind of damage to a sweep folder does")[2].partition("\n## ")[0]
+    documented = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    assert documented == sweep_table(sweep_observed), \
+        f"docs/sweeps-and-review.md's table is not what was observed:\n{sweep_table(sweep_observed)}"
+
+
+# The XLA cache: each file and folder of the compiled programs a `trainer.jit_compile=true` run left in the cache home,
+# damaged the same ways, and the same run started again in a new run directory. Fresh processes: TensorFlow reads
+# where the cache is as it starts. It trains to the same numbers, names a damaged entry once in run.log, and leaves
+# the cache whole.
+XLA_RUN = (*TINY, "trainer.train_steps=2", "trainer.jit_compile=true")
+
+
+@pytest.fixture(scope="module")
+def xla_base(tmp_path_factory):
+    """A cache home holding the samples and the compiled programs of one jit run, and that run's directory."""
+    home = tmp_path_factory.mktemp("xla") / "base"
+    result = run_cli(*XLA_RUN, f"hydra.run.dir={home / 'run'}", env={"HARNESS_CACHE": str(home / "cache")},
+                     timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list((home / "cache").glob("xla/tf-*/*/*.pb")), "the run left no compiled program"
+    return home
+
+
+def xla_cases_of(home) -> list:
+    """(target, damage): each file of the cache's xla/ folder with each damage, each folder deleted and emptied."""
+    cases = []
+    for path in sorted((home / "cache").glob("xla/**/*")):
+        relative = path.relative_to(home / "cache").as_posix() + ("/" if path.is_dir() else "")
+        cases += [(relative, how) for how in (DAMAGES[:2] if path.is_dir() else DAMAGES)]
+    return cases
+
+
+def whole_entries(cache) -> str | None:
+    """What is wrong with the cache's entries: one without a record that matches its bytes; None when all match."""
+    for entry in cache.glob("xla/tf-*/*/*.pb"):
+        try:
+            record = json.loads(entry.with_name(entry.name + ".sha256").read_text())
+        except (OSError, ValueError) as error:
+            return f"{entry.name} has no readable record ({type(error).__name__})"
+        if record != {"bytes": entry.stat().st_size, "sha256": hashlib.sha256(entry.read_bytes()).hexdigest()}:
+            return f"{entry.name} does not match its record"
+    return None
+
+
+def run_xla_case(home, work, target, how):
+    case = work / re.sub(r"[^A-Za-z0-9.-]+", "_", f"{target}-{how}")
+    cache = case / "cache"
+    cache.mkdir(parents=True)
+    for part in (home / "cache").iterdir():  # the samples shared, the compiled programs a copy of their own
+        (shutil.copytree(part, cache / part.name) if part.name == "xla" else (cache / part.name).symlink_to(part))
+    damage(cache, target, how, seed=f"{target}:{how}")
+    result = run_cli(*XLA_RUN, f"hydra.run.dir={case / 'run'}", env={"HARNESS_CACHE": str(cache)}, timeout=900)
+    log = (case / "run" / "run.log").read_text(errors="replace") if (case / "run" / "run.log").is_file() else ""
+    warnings = [line.partition("[WARNING] - ")[2] for line in log.splitlines() if "[WARNING] - " in line]
+    problems = ["a traceback on stderr"] if "Traceback" in result.stderr else []
+    if result.returncode != 0:
+        problems.append(f"exit {result.returncode}: {(result.stderr.strip().splitlines() or [''])[-1][:200]}")
+    else:
+        metrics = [json.loads((folder / "metrics.json").read_text()) for folder in (home / "run", case / "run")]
+        if metrics[0] != metrics[1]:
+            problems.append(f"metrics.json differs from the first run's: {metrics[1]} and {metrics[0]}")
+    problems += [f"the cache is left damaged: {wrong}"] if whole_entries(cache) else []
+    found = re.search(r"XLA programs are cached in \S+ \((\d+) there already\)", log)
+    outcome = f"exit {result.returncode}" if result.returncode else (
+        "loads the program" if found and found.group(1) != "0" else "compiles it again")
+    return {"targets": [target], "how": how, "status": result.returncode, "outcome":
+            outcome + (" (logged)" if warnings else ""), "warnings": warnings, "problems": problems, "case": str(case)}
+
+
+@pytest.fixture(scope="module")
+def xla_observed(xla_base, tmp_path_factory):
+    work = tmp_path_factory.mktemp("xla-cases")
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        results = list(pool.map(lambda case: run_xla_case(xla_base, work, *case), xla_cases_of(xla_base)))
+    print(xla_table(results))
+    return results
+
+
+def xla_table(results) -> str:
+    """docs/run-directory.md's table of the XLA cache: a row per file or folder, named by its kind."""
+    def kind(target):
+        target = re.sub(r"^xla/tf-[^/]+/", "xla/tf-<version>/", target)
+        target = re.sub(r"^xla/tf-<version>/[0-9a-f]+/", "xla/tf-<version>/<machine>/", target)
+        return re.sub(r"/[^/]+\.pb", "/<entry>.pb", target)
+    rows = {}
+    for result in results:
+        rows.setdefault(f"`{kind(result['targets'][0])}`", {})[result["how"]] = result["outcome"]
+    lines = ["| damaged | deleted | emptied | garbled |", "|---|---|---|---|"]
+    for name in sorted(rows):
+        lines.append(f"| {name} | " + " | ".join(rows[name].get(how, "—") for how in DAMAGES) + " |")
+    return "\n".join(lines)
+
+
+def test_every_damage_to_the_xla_cache_trains_the_same_and_leaves_it_whole(xla_observed):
+    failures = [f"{r['targets'][0]} {r['how']}: {'; '.join(r['problems'])} ({r['case']})"
+                for r in xla_observed if r["problems"]]
+    assert not failures, "\n".join(failures)
+
+
+def test_damage_to_a_cached_program_is_logged(xla_observed):
+    silent = [f"{r['targets'][0]} {r['how']}" for r in xla_observed
+              if r["targets"][0].endswith((".pb", ".sha256")) and r["how"] != "delete" and not r["warnings"]]
+    assert not silent, "\n".join(silent)
+
+
+def test_the_xla_docs_table_is_what_was_observed(xla_observed):
+    docs = (PROJECT / "docs" / "run-directory.md").read_text()
+    section = docs.partition("## What each kind of damage to the XLA cache does")[2].partition("\n## ")[0]
+    documented = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    assert documented == xla_table(xla_observed), \
+        f"docs/run-directory.md's XLA table is not what was observed:\n{xla_table(xla_observed)}"

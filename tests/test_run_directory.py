@@ -419,6 +419,28 @@ def test_a_signal_after_the_outcome_is_logged_changes_nothing_until_the_next_job
         signals.started()  # a sweep's next job stops with it
 
 
+def test_a_signal_inside_an_extension_modules_import_exits_as_that_signal(signals, monkeypatch, capsys):
+    """An extension module that fails as it initialises raises ImportError("initialization failed") from the
+    exception, a signal's included: SIGINT in TensorFlow's import exited 1 with a traceback."""
+    from tf_harness.experiments import cli
+    monkeypatch.setattr(sys, "argv", ["run.py", "dataset=lfw_pairs"])
+    monkeypatch.setattr(cli, "_status", 0)
+
+    def importing(error):
+        def main():
+            try:
+                raise error
+            except BaseException as cause:
+                raise ImportError("initialization failed") from cause
+        return main
+
+    assert cli.exit_code(importing(signals.Interrupted(signal.SIGINT))) == 130
+    assert capsys.readouterr().err.splitlines() == ["interrupted by SIGINT"]
+    signals.install()
+    with pytest.raises(ImportError):  # an import that failed for its own reasons is still a bug, with its traceback
+        cli.exit_code(importing(ValueError("not a signal")))
+
+
 @pytest.mark.slow
 def test_sigint_after_the_run_finished_exits_with_its_logged_status_and_no_traceback(tmp_path):
     run_dir = tmp_path / "run"

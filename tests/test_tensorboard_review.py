@@ -20,7 +20,7 @@ CHROMIUM = ("chromium", "/usr/bin/chromium")
 
 def chromium():
     found = next((path for path in map(shutil.which, CHROMIUM) if path), None)
-    if found is None:  # CI installs it (.ci/run): a missing browser is a failure, never a skip
+    if found is None:  # a missing browser is a failure, never a skip
         pytest.fail("Chromium not found: apt-get install -y chromium")
     return found
 

@@ -126,6 +126,14 @@ def install() -> None:
             signal.signal(signum, raise_interrupt)
 
 
+def behind(error: BaseException) -> KeyboardInterrupt | None:
+    """`error` when it is an interrupt, or the interrupt an ImportError was raised from; else None. A signal that
+    lands while an extension module initialises comes back as its ImportError ("initialization failed")."""
+    while isinstance(error, ImportError):
+        error = error.__cause__
+    return error if isinstance(error, KeyboardInterrupt) else None
+
+
 def exit_status(error: KeyboardInterrupt) -> int:
     """The shell's convention for a process stopped by a signal: 128 + the signal number."""
     return 128 + getattr(error, "signum", signal.SIGINT)

@@ -594,3 +594,19 @@ def test_a_sweep_job_whose_saved_config_is_gone_is_refused_not_run_over_its_chec
     assert sorted(path.name for path in (tmp_path / "0" / "checkpoints").iterdir()) == checkpoints
     assert not (tmp_path / "0" / ".hydra" / "config.yaml").exists()
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["global_step"] == 4  # the other job resumed
+
+
+def test_a_study_storage_that_is_not_a_database_is_one_config_error_line(tmp_path, capsys):
+    from tf_harness.experiments.sweep_report import check_storage
+
+    garbled = tmp_path / "study.db"
+    garbled.write_bytes(bytes(range(256)) * 12)
+    config = OmegaConf.create({"hydra": {"sweeper": {"storage": f"sqlite:///{garbled}"}}})
+    with pytest.raises(SystemExit) as stopped:
+        check_storage(config)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"config error: hydra.sweeper.storage=sqlite:///{garbled} cannot be opened as a study storage (DatabaseError: "
+        f"file is not a database); move the file away, or name another storage"]
+    assert garbled.read_bytes() == bytes(range(256)) * 12
+    check_storage(OmegaConf.create({"hydra": {"sweeper": {"storage": None}}}))

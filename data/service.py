@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 # pipeline.service against the same pattern before TensorFlow starts.
 ADDRESS = re.compile(r"grpc://(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 _CONNECT_SECONDS = 5
+# HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113, 3.4); a server's first frame is SETTINGS.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS = 4
 _STOP_SECONDS = 10
 
 
@@ -42,16 +45,42 @@ def split_address(address, key="pipeline.service") -> tuple:
 
 
 def check_dispatcher(address, key="pipeline.service") -> None:
-    """Raises ConfigError, in one line, unless something accepts connections at the dispatcher's address.
+    """Raises ConfigError, in one line, unless a gRPC server accepts connections at the dispatcher's address.
 
     Without this, a trainer or a worker pointed at a wrong address would wait on it silently."""
     host, port = split_address(address, key)
+    start = f"start one with `python -m tf_harness.data.service dispatcher --port {port}`"
     try:
-        socket.create_connection((host, port), timeout=_CONNECT_SECONDS).close()
+        connection = socket.create_connection((host, port), timeout=_CONNECT_SECONDS)
     except OSError as error:
         raise ConfigError(f"{key}={address}: no tf.data service dispatcher answers there "
-                          f"({error.strerror or error}); start one with `python -m tf_harness.data.service dispatcher "
-                          f"--port {port}`") from None
+                          f"({error.strerror or error}); {start}") from None
+    with connection:
+        problem = _not_grpc(connection)
+    if problem:
+        raise ConfigError(f"{key}={address}: a server listens there, but not a gRPC one as a tf.data service "
+                          f"dispatcher is ({problem}); check the port, or {start}")
+
+
+def _not_grpc(connection) -> str | None:
+    """Why the server at the other end of `connection` is not a gRPC server, or None when it is one.
+
+    A dispatcher is a gRPC server, which answers HTTP/2's connection preface with a SETTINGS frame. Another kind
+    of server (TensorBoard's port, say) would take TensorFlow's registration and never answer it, and the run
+    would wait in C++, deaf to SIGINT and SIGTERM."""
+    header = b""
+    try:
+        connection.sendall(_HTTP2_PREFACE)
+        while len(header) < 9:
+            received = connection.recv(9 - len(header))
+            if not received:
+                break
+            header += received
+    except OSError as error:
+        return f"{error.strerror or error} in answer to HTTP/2's preface"
+    if len(header) < 9 or header[3] != _SETTINGS:
+        return "no HTTP/2 SETTINGS frame in answer to its preface"
+    return None
 
 
 def distribute(data, address) -> tf.data.Dataset:

@@ -247,7 +247,8 @@ def exit_code(main) -> int:
             return _interrupted(interrupt, stopped_by)
         # Hydra's own writes: the run directory, run.log, .hydra/ (whose failed write names no file).
         run_dir, record = reentry.newest_record_folder()
-        line = os_errors.describe(error, where=record, resumable=_resumable(run_dir))
+        line = os_errors.describe(error, where=record, resumable=_resumable(run_dir),
+                                  run_dir=reentry.run_dir_argument(sys.argv[1:]))
         if line is not None:
             print(f"error: {line}", file=sys.stderr)
             if run_dir is not None and not any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):

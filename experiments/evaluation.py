@@ -5,6 +5,7 @@ The runner's controller (experiments/runner.py) evaluates on its interval, for m
 evaluator, and predicts for mode=predict, through one `Evaluator`.
 """
 import logging
+import time
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,7 @@ from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
 from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
 from tf_harness.experiments import metrics, metrics_history
-from tf_harness.experiments.run_dir import interrupts
+from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.summaries import evaluated_step, write_metrics
 
 log = logging.getLogger(__name__)
@@ -50,11 +51,17 @@ class Evaluator:
         logits, weights, total_loss = [], [], 0.0
         iterator = iter(data)
         batches = -(-rows // self.batch_size)  # the last one padded
+        longest = 0.0  # the longest wait for a batch yet, in seconds
         with tqdm(total=batches, desc="evaluate", unit="batch", leave=False, dynamic_ncols=True) as progress:
             while True:
-                # A signal waits for the batch's end, so it never lands inside TensorFlow's own Python code.
+                # A signal waits for the batch's end, so it never lands inside TensorFlow's own Python code. The batch
+                # is awaited in Python (experiments/run_dir/blocking.py): input that never comes (an image file that is
+                # a named pipe, say) is logged while it is awaited, and a signal still ends the run.
                 with interrupts.deferred():
-                    batch = next(iterator, None)
+                    began = time.monotonic()
+                    what = f"evaluation input batch {len(logits) + 1} of {batches}"
+                    batch = blocking.call(next, iterator, None, what=what, expected=longest)
+                    longest = max(longest, time.monotonic() - began)
                     if batch is None:
                         break
                     features, labels, batch_weights = batch

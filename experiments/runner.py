@@ -105,6 +105,8 @@ def run(settings: Settings):
     clock.lap("build")
     if not evaluator:
         warm_start.check_fit(settings, run_dir.checkpoint_dir, trainer.model)
+    if settings.pipeline.service and not evaluator and settings.mode in TRAINING_MODES:
+        service.check_dispatcher(settings.pipeline.service)  # a config error too, so it leaves no folder
     # The run's first files, once the model is built: skipped.csv, then the HParams record.
     writes = chief and not evaluator  # skipped.csv and train/ are the trainer's; the sidecar writes validation/
     if writes:

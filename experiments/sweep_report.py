@@ -201,6 +201,7 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         from tf_harness.experiments import cli
+        check_storage(config)
         self._before = outcome_files(sweep_dir_of(config))
         # Hydra calls on_multirun_end only for a sweep that reaches its end; exit_code reports one stopped before.
         cli.sweep_running(lambda interrupt: self.on_multirun_stopped(config, interrupt))
@@ -228,6 +229,27 @@ class SweepReport(Callback):
         sweep ('interrupted by SIGINT'), which stopped each job that ran without writing its outcome."""
         return sorted(sweep_outcomes(sweep_dir_of(config), self._before, interrupt),
                       key=lambda o: (o["job"] is None, o["job"] or 0, o["run_dir"]))
+
+
+def check_storage(config) -> None:
+    """Exits 2 with one `config error` line when the sweeper's study storage (hydra.sweeper.storage, Optuna's)
+    cannot be opened: a file that is not a database, say, which Optuna's sweeper would meet with a traceback once
+    the sweep starts. Nothing happens without one. (SystemExit, because Hydra turns a callback's exception into a
+    warning and goes on.)"""
+    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
+    if not isinstance(storage, str) or not storage:
+        return
+    import optuna
+
+    try:
+        optuna.storages.get_storage(storage)
+    except Exception as error:  # noqa: BLE001  SQLAlchemy's and the database driver's errors, Optuna's own
+        cause = getattr(error, "orig", None) or error
+        why = " ".join(str(cause).split())[:200]
+        what = f"{type(cause).__name__}: {why}" if why else type(cause).__name__
+        print(f"config error: hydra.sweeper.storage={storage} cannot be opened as a study storage ({what}); move "
+              f"the file away, or name another storage", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def sweep_dir_of(config) -> Path:

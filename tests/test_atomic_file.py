@@ -140,3 +140,13 @@ def test_a_publish_that_fails_removes_the_temporary_and_leaves_the_place_as_it_w
     with pytest.raises(IsADirectoryError):
         publish(temporary, path)
     assert sorted(os.listdir(tmp_path)) == [path.name] and path.is_dir()
+
+
+def test_a_rename_that_a_folder_in_the_place_refuses_names_the_place_not_the_temporary(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.mkdir()
+    with pytest.raises(IsADirectoryError) as refused:
+        with replacing(path) as f:
+            f.write("{}")
+    assert refused.value.filename == str(path) and refused.value.filename2 is None
+    assert sorted(os.listdir(tmp_path)) == ["metrics.json"] and path.is_dir()

@@ -228,3 +228,19 @@ def test_a_full_disk_keeps_the_newest_checkpoint_and_the_run_resumes_once_there_
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert f"Resumed from {run_dir / 'checkpoints' / f'ckpt-{saved}'} at global step {saved}" in resumed.stdout
         assert not list((run_dir / "checkpoints").glob("*_temp"))  # the failed save's staging folder is gone
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs procfs, which makes no folders of a user's")
+@pytest.mark.parametrize("run_dir, refused", [("/proc/tf-harness-run", "/proc/tf-harness-run"),
+                                              ("/proc/tf-harness-run/a/b", "/proc/tf-harness-run")])
+def test_a_run_directory_on_a_file_system_that_makes_no_folders_is_one_line(run_dir, refused):
+    result = run_cli("dataset=lfw_pairs", "experiment=smoke", f"hydra.run.dir={run_dir}", timeout=120)
+    assert assert_one_line(result, "error: ") == (
+        f"error: No such file or directory: {refused}; the folder cannot be made there: choose another hydra.run.dir")
+
+
+def test_only_the_run_directorys_own_missing_folder_is_an_expected_failure(tmp_path):
+    missing = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(tmp_path / "run"))
+    assert os_errors.describe(missing, run_dir=str(tmp_path / "run" / "a")) is not None
+    assert os_errors.describe(missing, run_dir=str(tmp_path / "other")) is None  # a bug's missing file stays one
+    assert os_errors.describe(missing) is None

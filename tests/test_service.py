@@ -259,3 +259,67 @@ def test_the_service_benchmark_prints_its_rows_and_ratios():
     assert set(rows) == {"file pipeline, read here", "through a localhost dispatcher, 1 worker(s)"}
     assert all(float(value) > 0 for values in rows.values() for value in values)
     assert "images/s" in out.split("ratio to the local row")[1] and "per CPU-s" in out
+
+
+class _NotGrpc:
+    """A TCP server on localhost that is no gRPC server: it accepts and says nothing, or answers `reply` and
+    closes. Its port is `port`."""
+
+    def __init__(self, reply=None):
+        import threading
+
+        self.listener = socket.create_server(("localhost", 0))
+        self.port, self.reply, self.accepted = self.listener.getsockname()[1], reply, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            self.accepted.append(connection)
+            if self.reply is not None:
+                connection.sendall(self.reply)
+                connection.close()
+
+    def close(self):
+        self.listener.close()
+        for connection in self.accepted:
+            connection.close()
+
+
+@pytest.mark.parametrize("reply, why", [
+    (None, "timed out in answer to HTTP/2's preface"),
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "no HTTP/2 SETTINGS frame in answer to its preface")])
+def test_a_server_that_is_not_a_dispatcher_is_one_line_not_a_wait(monkeypatch, workerless_dispatcher, reply, why):
+    from tf_harness.data import service
+    from tf_harness.data.errors import ConfigError
+
+    monkeypatch.setattr(service, "_CONNECT_SECONDS", 1)
+    server = _NotGrpc(reply)
+    address = f"grpc://localhost:{server.port}"
+    try:
+        with pytest.raises(ConfigError) as refused:
+            service.check_dispatcher(address)
+    finally:
+        server.close()
+    assert str(refused.value) == (
+        f"pipeline.service={address}: a server listens there, but not a gRPC one as a tf.data service dispatcher is "
+        f"({why}); check the port, or start one with `python -m tf_harness.data.service dispatcher --port {server.port}`")
+    service.check_dispatcher(workerless_dispatcher)  # a dispatcher, even without a worker, passes
+
+
+@pytest.mark.slow  # starts TensorFlow and indexes the sample before it checks the address
+def test_a_run_pointed_at_a_server_that_is_not_a_dispatcher_exits_2_leaving_no_folder(tmp_path):
+    server = _NotGrpc()
+    try:
+        result = run_cli(*SMALL_RUN, f"pipeline.service=grpc://localhost:{server.port}",
+                         f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
+    finally:
+        server.close()
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"config error: pipeline.service=grpc://localhost:{server.port}: a server listens there, but not a gRPC one")
+    assert not (tmp_path / "run").exists()

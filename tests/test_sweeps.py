@@ -4,6 +4,7 @@ sweep ends with one line naming the jobs run and failed and the best job; each j
 ended."""
 import json
 import re
+import shutil
 
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
@@ -565,3 +566,47 @@ def test_ctrl_c_during_a_sweep_reports_the_jobs_that_ran_and_exits_130(tmp_path)
                      f"in {tmp_path / '1'}: interrupted by SIGINT",
                      f"2 jobs ran, 0 failed, 1 interrupted; best accuracy {first['value']:.4f} in job 0 "
                      f"(trainer.train_steps=2): {tmp_path / '0'}"], stderr[-3000:]
+
+
+def test_a_folder_holding_a_run_without_its_saved_config_is_a_re_entry_for_hydra(tmp_path):
+    from tf_harness.experiments.run_dir import reentry
+
+    (tmp_path / "job" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "job" / "checkpoints" / "ckpt-4.index").write_bytes(b"index")
+    (tmp_path / "new").mkdir()
+    assert reentry.subdir(tmp_path / "job").startswith(".hydra/reentry-")  # its .hydra/ is not written afresh
+    assert reentry.subdir(tmp_path / "new") == ".hydra"
+
+
+@pytest.mark.slow
+def test_a_sweep_job_whose_saved_config_is_gone_is_refused_not_run_over_its_checkpoints(tmp_path):
+    args = ("-m", *SMOKE, "trainer.eval_steps=1", "seed=1,2", f"hydra.sweep.dir={tmp_path}")
+    first = run_cli(*args, "trainer.train_steps=2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.rmtree(tmp_path / "0" / ".hydra")
+    checkpoints = sorted(path.name for path in (tmp_path / "0" / "checkpoints").iterdir())
+    again = run_cli(*args, "trainer.train_steps=4")
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "Traceback" not in again.stderr
+    refused = (f"in {tmp_path / '0'}: config error: {tmp_path / '0' / '.hydra' / 'config.yaml'} is missing, but "
+               f"{tmp_path / '0'} holds a run (checkpoints): it is not started afresh over it")
+    assert refused in again.stderr, again.stderr[-3000:]
+    assert sorted(path.name for path in (tmp_path / "0" / "checkpoints").iterdir()) == checkpoints
+    assert not (tmp_path / "0" / ".hydra" / "config.yaml").exists()
+    assert json.loads((tmp_path / "1" / "metrics.json").read_text())["global_step"] == 4  # the other job resumed
+
+
+def test_a_study_storage_that_is_not_a_database_is_one_config_error_line(tmp_path, capsys):
+    from tf_harness.experiments.sweep_report import check_storage
+
+    garbled = tmp_path / "study.db"
+    garbled.write_bytes(bytes(range(256)) * 12)
+    config = OmegaConf.create({"hydra": {"sweeper": {"storage": f"sqlite:///{garbled}"}}})
+    with pytest.raises(SystemExit) as stopped:
+        check_storage(config)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"config error: hydra.sweeper.storage=sqlite:///{garbled} cannot be opened as a study storage (DatabaseError: "
+        f"file is not a database); move the file away, or name another storage"]
+    assert garbled.read_bytes() == bytes(range(256)) * 12
+    check_storage(OmegaConf.create({"hydra": {"sweeper": {"storage": None}}}))

@@ -359,3 +359,19 @@ def test_a_pickled_cache_is_read_only_for_its_own_key_and_never_fails_a_run(tmp_
     assert pickle_cache.read(path, "none") == "none"
     path.write_bytes(b"\x80\x04\x95\xff")  # cut short
     assert pickle_cache.read(path, "none") == "none"
+
+
+def test_a_folder_in_the_place_of_a_verdicts_file_is_removed_with_a_warning_and_the_file_written(
+        tmp_path, monkeypatch, caplog):
+    from tf_harness.data.integrity import verification
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    image = tmp_path / "images" / "a.jpg"
+    image.parent.mkdir()
+    image.write_bytes(b"\xff\xd8\xff\xe0" + b"\0" * 100 + b"\xff\xd9")
+    records = verification._records_file([str(image)])
+    (records / "left").mkdir(parents=True)  # a folder, not empty, where the verdicts go
+    with caplog.at_level(logging.INFO):
+        assert check_files([str(image)]) == ({}, 1)
+    assert f"Removing the folder {records}, which stands where this cache file goes" in caplog.text
+    assert records.is_file()
+    assert check_files([str(image)]) == ({}, 0)  # read back: nothing checked again

@@ -38,8 +38,10 @@ def publish(temporary, path, *, fsync: bool = False) -> None:
             with open(temporary, "rb") as file:
                 os.fsync(file.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         _remove(temporary)
+        if isinstance(error, OSError) and error.filename == str(temporary):
+            error.filename, error.filename2 = str(path), None  # a folder at `path`, say: the temporary is not at fault
         raise
 
 

@@ -1,6 +1,7 @@
 """Pickled caches under cache_home(): the parsed indexes, metadata and verification verdicts.
 
-A cache is read whole or not at all (a missing or damaged one is simply made again), and written
+A cache is read whole or not at all (a missing or damaged one is simply made again, a folder in its place
+removed, with a warning), and written
 through a temporary file renamed into place, so a killed write never leaves half a cache behind.
 
 A file's name is a digest of what decides its content. Written with a `key`, the file holds that key
@@ -9,6 +10,7 @@ keys share never serves the other's content.
 """
 import logging
 import pickle
+import shutil
 from pathlib import Path
 
 from tf_harness.data.integrity.atomic_file import replacing
@@ -40,5 +42,8 @@ def write(path: Path, content, key=None) -> None:
     """Pickles `content` (with `key`, for `read` to check) to `path` atomically: beside it first, then renamed
     over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir() and not path.is_symlink():  # the cache's own name: nobody else's folder, and nothing to keep
+        log.warning("Removing the folder %s, which stands where this cache file goes, to write the cache", path)
+        shutil.rmtree(path)
     with replacing(path, "wb") as f:
         pickle.dump(content if key is None else (_KEYED, key, content), f, protocol=pickle.HIGHEST_PROTOCOL)

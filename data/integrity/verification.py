@@ -17,6 +17,7 @@ its decode fails, and listed in skipped.csv then (data/integrity/unreadable.py).
 import hashlib
 import logging
 import os
+import stat
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,6 +37,7 @@ BMP_SIGNATURE = b"BM"
 JPEG_TAIL = 64
 _PNG_COLOUR_TYPES = {0, 2, 3, 4, 6}
 _CHUNK = 500
+_KINDS = {stat.S_IFIFO: "named pipe", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device"}
 # Bump when `problem` or the verdicts' key changes, so every file is checked again.
 VERSION = 3
 
@@ -54,7 +56,13 @@ def _png_problem(head, tail):
 def problem(path):
     """What is wrong with the image file at `path` from its first and last bytes, or None when it looks whole."""
     try:
-        with open(path, "rb") as f:
+        # Opened without blocking, and only a regular file read: opening a named pipe (a FIFO) waits for a writer
+        # that never comes, and the whole run with it, out of reach of SIGINT and SIGTERM.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(descriptor, "rb") as f:
+            mode = os.fstat(descriptor).st_mode
+            if not stat.S_ISREG(mode):
+                return f"not a regular file (a {_KINDS.get(stat.S_IFMT(mode), 'special file')})"
             head = f.read(32)
             size = f.seek(0, os.SEEK_END)
             f.seek(max(size - JPEG_TAIL, 0))
@@ -95,7 +103,7 @@ _KEY_FIELDS = 3  # size, mtime_ns, ctime_ns
 
 def _stats(paths):
     """(size, mtime_ns, ctime_ns) of each of `paths`, -1s where it cannot be read, as an int64 array."""
-    def stat(path):
+    def key(path):
         try:
             stat = os.stat(path)
             return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
@@ -103,7 +111,7 @@ def _stats(paths):
             return -1, -1, -1
 
     # In one thread: spread over several, the GIL between such short calls makes them slower.
-    return np.array([stat(path) for path in paths], dtype=np.int64).reshape(-1, _KEY_FIELDS)
+    return np.array([key(path) for path in paths], dtype=np.int64).reshape(-1, _KEY_FIELDS)
 
 
 def _known_keys(records, paths):

@@ -47,12 +47,26 @@ def chain(error: BaseException):
         error = error.__cause__ or error.__context__
 
 
-def describe(error: BaseException, where=None, resumable=True) -> str | None:
+def describe(error: BaseException, where=None, resumable=True, run_dir=None) -> str | None:
     """The one line for `error` (or the error it came from) when it is an expected OS failure; None otherwise.
 
     `where`: the path to name when the error names none; `resumable`: whether the run directory holds a checkpoint
-    that the same command resumes from once there is room (the advice for a full disk says so, or where to run)."""
+    that the same command resumes from once there is room (the advice for a full disk says so, or where to run).
+    `run_dir`: the run directory the command line names; a file system that makes no folders of a user's
+    (/proc) refuses to make it, or a folder above it, with "No such file or directory", expected there alone."""
+    for one in chain(error):
+        if run_dir is not None and isinstance(one, FileNotFoundError) and _makes(one.filename, run_dir):
+            return f"{one.strerror}: {one.filename}; the folder cannot be made there: choose another hydra.run.dir"
     return next(filter(None, (_describe_one(one, where, resumable) for one in chain(error))), None)
+
+
+def _makes(path, run_dir) -> bool:
+    """Whether `path` is `run_dir`, or a folder above it, in a folder that exists: one making the run directory makes."""
+    if not isinstance(path, str):
+        return False
+    path, run_dir = os.path.abspath(path), os.path.abspath(run_dir)
+    return (path == run_dir or run_dir.startswith(path.rstrip(os.sep) + os.sep)) and os.path.isdir(
+        os.path.dirname(path))
 
 
 def _describe_one(error, where, resumable):

@@ -102,7 +102,9 @@ def subdir(output_dir) -> str:
     key = str(Path(output_dir).resolve())
     if key not in _subdirs:
         name = ".hydra"
-        if recorded(output_dir):
+        # A run whose saved config is gone or unreadable too (a sweep's job: the cli refuses a single run before
+        # Hydra starts): its `.hydra/` is not written afresh from conf/, and resolve_config refuses the job.
+        if recorded(output_dir) or _has_run(output_dir):
             name = f".hydra/reentry-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
             base, count = name, 1
             while (Path(output_dir) / name).exists():
@@ -188,9 +190,14 @@ def unreadable_record(args):
     problem = config_problem(path)
     if problem is None:
         return None
+    return _held_run(run_dir, problem)
+
+
+def _held_run(run_dir, problem) -> str:
+    """The line refusing `run_dir`, which holds a run, because its saved config `problem` ("is missing", ...)."""
     held = "checkpoints" if any((Path(run_dir) / "checkpoints").glob("ckpt-*")) else "an HParams record"
-    return (f"{path} {problem}, but {run_dir} holds a run ({held}): it is not started afresh over it; put the run's "
-            f"saved config back, or choose a new hydra.run.dir")
+    return (f"{Path(run_dir) / SAVED} {problem}, but {run_dir} holds a run ({held}): it is not started afresh over it; "
+            f"put the run's saved config back, or choose a new hydra.run.dir")
 
 
 def saved_choices(run_dir):
@@ -330,7 +337,9 @@ def resolve_config(cfg):
     if subdir(run_dir) == ".hydra":
         return cfg, None
     problem = config_problem(run_dir / SAVED)
-    if problem:  # cli refuses such a directory before Hydra starts; it may have changed since
+    if problem and _has_run(run_dir):  # cli refuses a single run's before Hydra starts; a sweep's job is refused here
+        return None, _held_run(run_dir, problem)
+    if problem:  # it may have changed since the cli looked
         return None, f"{run_dir / SAVED} {problem}; put the run's saved config back, or choose a new hydra.run.dir"
     choices, trouble = saved_choices(run_dir)
     if trouble:

@@ -349,3 +349,15 @@ def test_the_parsed_metadata_is_reused_until_the_csv_changes(real_tree, monkeypa
     csv_path.write_text(csv_path.read_text() + "00000001_000.png,Hernia,9,1,58,M,PA,1,1,1,1,\n")
     task.index(real_tree, SkipLog())
     assert len(calls) == 2
+
+
+def test_another_pickle_in_place_of_the_metadata_cache_is_made_again(tmp_path, real_tree, monkeypatch):
+    """A cache file holding some other pickle (another version's, a copy) is parsed again, not unpacked."""
+    import pickle
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    csv_path, first_rows = real_tree / "Data_Entry_2017.csv", SkipLog()
+    first = chest_xray.cached_metadata(csv_path, first_rows)
+    (cache,) = (tmp_path / "cache" / "index").glob("chest_xray-*.pkl")
+    cache.write_bytes(pickle.dumps(("another", "layout")))
+    again = chest_xray.cached_metadata(csv_path, SkipLog())
+    assert again.equals(first)

@@ -106,14 +106,14 @@ def cached_metadata(csv_path: Path, skipped) -> pd.DataFrame:
         raise unreadable(csv_path, error, _restore(csv_path.name)) from None
     key = repr((METADATA_VERSION, str(csv_path.resolve()), stat.st_size, stat.st_mtime_ns))
     cache = cache_home() / "index" / f"chest_xray-{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
-    cached = pickle_cache.read(cache)
+    cached = pickle_cache.read(cache, key=key)  # keyed: another pickle in its place is made again, not unpacked
     if cached is None:
         parsed = SkipLog()
         table = read_metadata(csv_path, parsed)
         # The labels as one array: it unpickles far faster than a list per row (docs/input-pipeline.md).
         labels = np.array(table.label.tolist(), np.uint8).reshape(len(table), len(FINDINGS))
         cached = table.drop(columns="label"), labels, parsed.rows
-        pickle_cache.write(cache, cached)
+        pickle_cache.write(cache, cached, key=key)
     table, labels, rows = cached
     skipped.extend(rows)
     return table.assign(label=labels.tolist())

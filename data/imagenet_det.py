@@ -40,6 +40,9 @@ SPLIT_FOLDERS = {"train": "train", "validation": "val"}
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 # Bump when the index's content changes, so cached indexes are rebuilt.
 INDEX_VERSION = 1
+# What the caches are written with, and read back only for (data/integrity/pickle_cache.py): another pickle in
+# their place is made again, never looked into.
+_FOLDERS_KEY, _INDEX_KEY = ("imagenet_det folders", INDEX_VERSION), ("imagenet_det index", INDEX_VERSION)
 # Below this many XMLs a progress bar is noise.
 _PROGRESS_MIN = 2000
 
@@ -166,11 +169,11 @@ def _unchanged_index(ilsvrc: Path):
     hundred folder mtimes instead of listing and hashing every file (docs/input-pipeline.md). A file
     rewritten in place keeps its folder's mtime: `touch` the folder to have it re-indexed.
     """
-    saved = pickle_cache.read(_folders_file(ilsvrc))
+    saved = pickle_cache.read(_folders_file(ilsvrc), key=_FOLDERS_KEY)
     if saved is None or any(_mtime(folder) != mtime for folder, mtime in saved["folders"].items()):
         return None
     cache = Path(saved["index"])
-    index = pickle_cache.read(cache)
+    index = pickle_cache.read(cache, key=_INDEX_KEY)
     return None if index is None else (index, cache)
 
 
@@ -252,14 +255,14 @@ class ImagenetDet(Task):
             listings[split] = (_list_files(ilsvrc / "Data" / "DET" / folder, IMAGE_SUFFIXES, folders),
                                _list_files(ilsvrc / "Annotations" / "DET" / folder, (".xml",), folders))
         cache = _cache_file(ilsvrc, listings)
-        cached = pickle_cache.read(cache)
+        cached = pickle_cache.read(cache, key=_INDEX_KEY)
         if cached is not None:
             log.info("Reusing the ImageNet DET index in %s", cache)
         else:
             cached = _build_index(ilsvrc, listings)
-            pickle_cache.write(cache, cached)
+            pickle_cache.write(cache, cached, key=_INDEX_KEY)
             log.info("Indexed ImageNet DET under %s into %s", ilsvrc, cache)
-        pickle_cache.write(_folders_file(ilsvrc), {"folders": folders, "index": str(cache)})
+        pickle_cache.write(_folders_file(ilsvrc), {"folders": folders, "index": str(cache)}, key=_FOLDERS_KEY)
         return cached
 
     def load(self, record):

@@ -112,7 +112,14 @@ class Recipes:
         self.best_value = float(self.state.best_value.numpy()) if self.best_step >= 0 else math.nan
         self.last = int(self.state.evaluated.numpy())
         if self.run_dir.chief:
-            self._clear(keep=self._recorded_step())
+            recorded = self._recorded_step()
+            if recorded is None and (self.run_dir.model_dir / RECORD).exists():
+                # A damaged record names no step: which best checkpoint it kept is unknown, so none is removed.
+                model_dir = self.run_dir.model_dir
+                log.warning("%s cannot be read: the checkpoints in %s are left as they are, until the next best "
+                            "evaluation replaces both", model_dir / RECORD, model_dir / FOLDER)
+            else:
+                self._clear(keep=recorded)
         if self.last < step and self.run_dir.evaluated(step):
             self.evaluated(_read_json(self.run_dir.model_dir / "metrics.json") or {}, step, caught_up=True)
 
@@ -205,7 +212,8 @@ class Recipes:
 
     def _recorded_step(self):
         record = _read_json(self.run_dir.model_dir / RECORD)
-        return record.get("global_step") if isinstance(record, dict) else None
+        step = record.get("global_step") if isinstance(record, dict) else None
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
 
     def _clear(self, keep) -> None:
         """Removes the files of every best checkpoint in best/ but the one of global step `keep`."""

@@ -1,5 +1,8 @@
 """The NIH ChestX-ray14 module against the real metadata variants and real PNGs."""
+import os
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -251,7 +254,26 @@ def _dangling_link(path):
     path.symlink_to(path.parent / "nowhere")
 
 
+def _fifo(path):
+    """A FIFO in the file's place. Reading it waits for a writer: one comes after 10 s and closes at once, so a
+    reader that was not refused ends with an empty file instead of hanging the test."""
+    path.unlink()
+    os.mkfifo(path)
+
+    def writer():
+        time.sleep(10)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO: no reader is waiting
+        except OSError:
+            pass
+    threading.Thread(target=writer, daemon=True).start()
+
+
 @pytest.mark.parametrize("name, damage, message", [
+    ("Data_Entry_2017.csv", _fifo, r"^.*Data_Entry_2017.csv is not a regular file \(a FIFO, a socket or a device\?\); "
+                                   r"restore Data_Entry_2017.csv from the release$"),
+    ("train_val_list.txt", _fifo, r"^.*train_val_list.txt is not a regular file \(a FIFO, a socket or a device\?\); "
+                                  r"restore it from the release"),
     ("Data_Entry_2017.csv", lambda path: _byte_ff(path, 500),
      r"Data_Entry_2017.csv:7: byte 500 \(0xff\) is not UTF-8 text; the file is damaged, restore Data_Entry_2017.csv "
      r"from the release$"),
@@ -327,3 +349,15 @@ def test_the_parsed_metadata_is_reused_until_the_csv_changes(real_tree, monkeypa
     csv_path.write_text(csv_path.read_text() + "00000001_000.png,Hernia,9,1,58,M,PA,1,1,1,1,\n")
     task.index(real_tree, SkipLog())
     assert len(calls) == 2
+
+
+def test_another_pickle_in_place_of_the_metadata_cache_is_made_again(tmp_path, real_tree, monkeypatch):
+    """A cache file holding some other pickle (another version's, a copy) is parsed again, not unpacked."""
+    import pickle
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    csv_path, first_rows = real_tree / "Data_Entry_2017.csv", SkipLog()
+    first = chest_xray.cached_metadata(csv_path, first_rows)
+    (cache,) = (tmp_path / "cache" / "index").glob("chest_xray-*.pkl")
+    cache.write_bytes(pickle.dumps(("another", "layout")))
+    again = chest_xray.cached_metadata(csv_path, SkipLog())
+    assert again.equals(first)

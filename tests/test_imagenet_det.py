@@ -201,6 +201,19 @@ def test_an_unchanged_tree_reuses_the_cached_index(tmp_path, monkeypatch):
     assert second_skipped.rows == first_skipped.rows and len(second_skipped) == 1
 
 
+def test_other_pickles_in_place_of_the_index_caches_are_made_again(tmp_path):
+    """The folder record and the index hold some other pickle (another version's, a copy): indexed again."""
+    import pickle
+    root = make_tree(tmp_path / "tree", {"ILSVRC2014_train_0000/a": xml(100, 80, [(APPLE, 0, 0, 50, 50)])})
+    first = labels_of(root)
+    caches = sorted((tmp_path / "cache" / "index").glob("imagenet_det-*.pkl"))
+    assert len(caches) == 2  # the folder record and the index
+    for foreign in (["not", "a", "dict"], {"tables": None}):
+        for cache in caches:
+            cache.write_bytes(pickle.dumps(foreign))
+        assert labels_of(root) == first
+
+
 @pytest.mark.parametrize("change", ["replace_xml", "rewrite_xml_and_touch_folder", "add_image", "remove_xml"])
 def test_a_changed_tree_is_indexed_again(tmp_path, monkeypatch, change):
     """A warm start compares folder mtimes only: replacing, adding or removing a file changes its folder's; a file

@@ -629,3 +629,16 @@ def test_the_recipes_train_under_float16_loss_scaling(tmp_path):
     accumulator, _ = event_tags(tmp_path / "train")
     norms = [float(tf.make_ndarray(event.tensor_proto)) for event in accumulator.Tensors("gradient_norm")]
     assert norms and all(0 < norm < 1e3 for norm in norms), norms  # unscaled: not times the loss scale (2 ** 15)
+
+
+@pytest.mark.parametrize("damage", ['{"checkpoint": "best/ckpt-2", "global_st', '{"global_step": "2"}', "[2]"])
+def test_a_resume_keeps_the_best_checkpoint_when_best_json_is_damaged(tmp_path, caplog, damage):
+    """A record that names no step cannot say which best checkpoint is kept: none is removed."""
+    evaluate_at(recipes_of(tmp_path, "trainer.keep_best=true"), tmp_path, 2, 0.5)
+    kept = sorted(path.name for path in (tmp_path / "best").iterdir())
+    (tmp_path / "best.json").write_text(damage)
+    with caplog.at_level(logging.WARNING):
+        recipes_of(tmp_path, "trainer.keep_best=true")
+    assert sorted(path.name for path in (tmp_path / "best").iterdir()) == kept == ["ckpt-2.data-00000-of-00001",
+                                                                                 "ckpt-2.index"]
+    assert any("best.json cannot be read" in record.getMessage() for record in caplog.records)

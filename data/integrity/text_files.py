@@ -4,6 +4,8 @@ A copy or download can damage any of them: one that cannot be read, or that hold
 text, is a DatasetError naming the file, and for such a byte its line and offset, with what to do about it.
 """
 import codecs
+import os
+import stat
 from pathlib import Path
 
 from tf_harness.data.errors import DatasetError
@@ -17,6 +19,9 @@ def read_text(path, fix: str) -> str:
             offset in the file) and `fix`, what to do about it.
     """
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
+            # A FIFO, socket or device in its place: reading one would wait for a writer that never comes.
+            raise DatasetError(f"{path} is not a regular file (a FIFO, a socket or a device?); {fix}")
         content = Path(path).read_bytes()
     except OSError as error:  # a directory in its place, a dangling link, no permission, a read error
         raise unreadable(path, error, fix) from None

@@ -114,7 +114,8 @@ def _find_pairs_file(root: Path, folder: Path, name: str) -> Path:
             return candidate
     for candidate in candidates:
         if candidate.exists():
-            raise DatasetError(f"{candidate} is not a file (a directory?); restore {name} from the LFW release")
+            kind = "a directory?" if candidate.is_dir() else "a FIFO, a socket or a device?"
+            raise DatasetError(f"{candidate} is not a file ({kind}); restore {name} from the LFW release")
     raise DatasetError(f"{name} not found in {root}; it is needed for the evaluation pairs (dataset.eval_pairs)")
 
 

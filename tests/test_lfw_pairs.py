@@ -143,6 +143,15 @@ def test_a_directory_in_place_of_a_pairs_file_is_an_error_naming_it(real_tree, t
         lfw_pairs.read_pairs(path)
 
 
+def test_a_named_pipe_in_place_of_a_pairs_file_is_an_error_naming_it(real_tree):
+    path = real_tree / "pairsDevTest.txt"
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(DatasetError, match=re.escape(f"{path} is not a file (a FIFO, a socket or a device?); restore "
+                                                     f"pairsDevTest.txt from the LFW release")):
+        task_of(compose("dataset=lfw_pairs")).index(real_tree, SkipLog())
+
+
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
     root = tmp_path_factory.mktemp("lfw") / "sample"

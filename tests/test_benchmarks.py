@@ -248,6 +248,7 @@ def test_input_throughput_runs_the_pil_baseline_and_the_pipeline(capsys):
     assert re.search(r"\| a: Python loop \+ PIL, `tf.constant` per batch \| [^|]+ / [^|]+ / \d+\.\d\d \|", out)
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_input_throughput_sets_lfws_image_table_against_its_file_pipeline(capsys):
     """LFW's row c decodes the pairs' files (pipeline.image_table_mb=0); row f gathers them from the image table."""
     out = run_benchmark(capsys, "input", "--datasets", "lfw_pairs", "--image-size", "16", "--batch-size", "4",
@@ -260,6 +261,7 @@ def test_input_throughput_sets_lfws_image_table_against_its_file_pipeline(capsys
                                 SPREAD), out, re.MULTILINE), out
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_steps_variants_sets_the_trainer_with_the_image_table_against_the_file_pipeline(capsys):
     out = run_benchmark(capsys, "steps", "variants", *TINY_LFW, "--steps", "2", "--rounds", "1")
     assert ("lfw_pairs: model=siamese_cnn batch=4 image_size=24 cache=none, loop 1, step jit_compile=False; rows "
@@ -300,6 +302,7 @@ def test_service_runs_the_local_row(capsys):
     assert values and all(float(value) > 0 for value in values.groups()), out
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_real_size_builds_a_tree_and_times_its_data_phases(capsys, tmp_path):
     out = run_benchmark(capsys, "real_size", str(tmp_path), "--only", "nih", "--nih", "40", "--phases-only")
     assert re.search(rf"^nih: 40 images linked in {tmp_path}/nih", out, re.MULTILINE), out

@@ -188,6 +188,7 @@ def test_memory_cache_iterators_are_kept_out_of_checkpoints(tmp_path):
     assert all(caching.checkpointable(kind, lfw) for kind in ("none", "memory", "disk"))
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_lfw_with_a_memory_cache_draws_from_the_image_table_and_checkpoints_its_input(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli("dataset=lfw_pairs", "pipeline.cache=memory", "pipeline.image_table_mb=0", "trainer.train_steps=2",

@@ -334,6 +334,30 @@ def test_the_sidecar_evaluates_checkpoints_as_a_trainer_writes_them_and_stops_af
     print(f"first run {refusals - started:.0f} s (refusals included); trainer and sidecar {finished - refusals:.0f} s")
 
 
+@pytest.mark.slow
+def test_a_sidecar_beside_a_trainer_that_keeps_one_checkpoint_passes_each_over_once_and_quietly(tmp_path):
+    """The reported case, end to end: beside a trainer keeping one checkpoint, the sidecar logged 63 "could not be
+    restored" lines and 182 TensorFlow warnings in one run."""
+    run_dir = tmp_path / "run"
+    keep_one = ("trainer.keep_checkpoints=1", "trainer.checkpoint_every=1", "trainer.log_every=1")
+    first = run_cli(*TRAIN, *keep_one, "trainer.train_steps=2", f"hydra.run.dir={run_dir}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    evaluator = start_cli(tmp_path, "sidecar", f"hydra.run.dir={run_dir}", "mode=continuous_eval",
+                          "trainer.train_steps=40", "trainer.eval_timeout=600")
+    wait_for("Evaluation at global step 2 on", run_dir / "eval.log", evaluator)
+    trainer = start_cli(tmp_path, "trainer", *TRAIN, *keep_one, "trainer.train_steps=40", f"hydra.run.dir={run_dir}")
+    status, _, err = finish(trainer, tmp_path, "trainer")
+    assert status == 0, err[-3000:]
+    status, _, err = finish(evaluator, tmp_path, "sidecar")
+    assert status == 0, err[-3000:]
+    lines = (run_dir / "eval.log").read_text().splitlines()
+    assert "Evaluation at global step 40 on" in "\n".join(lines)
+    passed = [line.partition("] - ")[2] for line in lines if "Passing over" in line]
+    assert len(passed) == len(set(passed)), passed  # once per checkpoint at most
+    assert not [line for line in lines if "[WARNING]" in line or "could not be restored" in line], lines
+    assert not [line for line in err.splitlines() if "WARNING" in line or "Traceback" in line], err[-3000:]
+
+
 def test_the_sidecar_never_replaces_the_evaluation_of_a_later_step_in_metrics_json(tmp_path, caplog):
     """Beside a train_and_evaluate trainer, the sidecar may evaluate an older checkpoint after the trainer evaluated a
     newer one: metrics.json keeps the newest evaluation, and the trainer's own evaluations always write it."""

@@ -301,6 +301,7 @@ def test_loops_train_the_same_weights_and_land_on_the_same_steps(tmp_path):
             assert np.array_equal(value, actual[name]), name
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_huge_learning_rate_exits_1_without_a_non_finite_checkpoint(tmp_path):
     result = run_cli(*TINY_LFW, "trainer.learning_rate=1e30", "trainer.train_steps=40", "trainer.steps_per_loop=4",
                      "trainer.checkpoint_every=1", "trainer.log_every=1", "trainer.eval_every=1000",
@@ -319,6 +320,7 @@ def test_huge_learning_rate_exits_1_without_a_non_finite_checkpoint(tmp_path):
     assert not (tmp_path / "metrics.json").exists()
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_one_non_finite_step_stops_a_run_that_allows_one(tmp_path):
     result = run_cli(*TINY_LFW, "trainer.learning_rate=1e30", "trainer.max_nonfinite_steps=1",
                      "trainer.train_steps=10", f"hydra.run.dir={tmp_path}")

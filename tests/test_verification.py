@@ -223,6 +223,7 @@ def test_training_stops_with_one_line_when_no_record_decodes(tmp_path, real):
         next(iter(data))
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_a_run_lists_a_file_damaged_inside_in_skipped_and_evaluates_the_rest(damaged_inside_tree, tmp_path):
     run_dir = tmp_path / "run"
     overrides = ("dataset=chest_xray", f"dataset.root={damaged_inside_tree}", "dataset.validation_fraction=0.5",
@@ -323,6 +324,7 @@ def test_drawn_training_pairs_report_a_file_damaged_inside_before_the_first_draw
         np.testing.assert_array_equal(before[0][1], after[0][1])
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_a_run_on_files_that_never_decode_stops_with_one_line(damaged_tree, tmp_path):
     for png in (damaged_tree / "images").iterdir():
         png.write_bytes(os.urandom(3000))

@@ -87,6 +87,7 @@ def test_a_chest_run_starts_from_the_layers_of_a_det_run_that_fit(det_run, tmp_p
         "the optimizer and the global step start afresh")
 
 
+@pytest.mark.slow  # end-to-end runs
 def test_an_lfw_run_starts_from_every_weight_of_an_lfw_run(lfw_run, tmp_path):
     run_dir = _trained(tmp_path / "warm", *TINY_LFW, *STILL, f"trainer.init_checkpoint={lfw_run}/checkpoints/ckpt-2")
     source, warm = _weights(lfw_run), _weights(run_dir)

@@ -363,6 +363,21 @@ def test_a_pickled_cache_is_read_only_for_its_own_key_and_never_fails_a_run(tmp_
     assert pickle_cache.read(path, "none") == "none"
 
 
+@pytest.mark.parametrize("first", ["frame", "array"])
+def test_a_keyed_read_of_an_unkeyed_cache_of_an_earlier_version_makes_it_again(tmp_path, first):
+    """The chest index cache of an earlier version, unkeyed: a (DataFrame, labels, rows) triple. Its keyed read
+    asked the DataFrame whether it was the key's marker, and every chest run failed with its ambiguous truth."""
+    import numpy as np
+    import pandas as pd
+    from tf_harness.data.integrity import pickle_cache
+    path = tmp_path / "chest_xray-index.pkl"
+    head = pd.DataFrame({"path": ["a.png"]}) if first == "frame" else np.zeros(3)
+    pickle_cache.write(path, (head, np.zeros((1, 14)), []))
+    assert pickle_cache.read(path, "none", key="metadata v2") == "none"
+    pickle_cache.write(path, ("tf-harness keyed cache", np.zeros(3), "content"))  # an array where the key goes
+    assert pickle_cache.read(path, "none", key="metadata v2") == "none"
+
+
 def test_a_folder_in_the_place_of_a_verdicts_file_is_removed_with_a_warning_and_the_file_written(
         tmp_path, monkeypatch, caplog):
     from tf_harness.data.integrity import verification

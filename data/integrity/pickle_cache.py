@@ -32,10 +32,21 @@ def read(path: Path, default=None, key=None):
         return default
     if key is None:
         return content
-    if not (isinstance(content, tuple) and len(content) == 3 and content[0] == _KEYED and content[1] == key):
+    if not _written_with(content, key):
         log.info("Ignoring the cache %s: it was written for other settings", path)
         return default
     return content[2]
+
+
+def _written_with(content, key) -> bool:
+    """Whether `content` is what `write` pickled with `key`. Anything else may be in its place (an unkeyed cache of
+    an earlier version, whose first item is a DataFrame, say), and its `==` may give an array or raise."""
+    if not (isinstance(content, tuple) and len(content) == 3 and type(content[0]) is str and content[0] == _KEYED):
+        return False
+    try:
+        return bool(content[1] == key)
+    except Exception:  # noqa: BLE001  an array's or a frame's ambiguous truth, a comparison that refuses
+        return False
 
 
 def write(path: Path, content, key=None) -> None:

@@ -356,11 +356,14 @@ def test_damage_to_what_a_run_reads_is_logged_where_it_goes_on(observed):
     assert not silent, "\n".join(silent)
 
 
+def documented(doc, heading) -> str:
+    """The table under `heading` in docs/`doc`, up to the next section."""
+    section = (PROJECT / "docs" / doc).read_text().partition(f"## {heading}")[2].partition("\n## ")[0]
+    return "\n".join(line for line in section.splitlines() if line.startswith("|"))
+
+
 def test_the_docs_table_is_what_was_observed(observed):
-    docs = (PROJECT / "docs" / "run-directory.md").read_text()
-    section = docs.partition("## What each kind of damage does")[2].partition("\n## ")[0]
-    documented = "\n".join(line for line in section.splitlines() if line.startswith("|"))
-    assert documented == table(observed), f"docs/run-directory.md's table is not what was observed:\n{table(observed)}"
+    assert documented("run-directory.md", "What each kind of damage does") == table(observed), f"docs/run-directory.md's table is not what was observed:\n{table(observed)}"
 
 
 # A sweep folder: what the sweep itself keeps beside its jobs' run directories (the rows above cover those), damaged
@@ -471,15 +474,20 @@ def observe(cases, run_one, work, make_table) -> list:
     return results
 
 
-def sweep_table(results) -> str:
-    """docs/sweeps-and-review.md's table: a row per file or folder of the sweep, a column per damage."""
+def single_table(results, name=lambda target: target) -> str:
+    """A table of one command's cases: a row per damaged file or folder as `name` calls it, a column per damage."""
     rows = {}
     for result in results:
-        rows.setdefault(f"`{result['targets'][0]}`", {})[result["how"]] = result["outcome"]
+        rows.setdefault(f"`{name(result['targets'][0])}`", {})[result["how"]] = result["outcome"]
     lines = ["| damaged | deleted | emptied | garbled |", "|---|---|---|---|"]
-    for name in sorted(rows):
-        lines.append(f"| {name} | " + " | ".join(rows[name].get(how, "—") for how in DAMAGES) + " |")
+    for row in sorted(rows):
+        lines.append(f"| {row} | " + " | ".join(rows[row].get(how, "—") for how in DAMAGES) + " |")
     return "\n".join(lines)
+
+
+def sweep_table(results) -> str:
+    """docs/sweeps-and-review.md's table: a row per file or folder of the sweep, a column per damage."""
+    return single_table(results)
 
 
 def test_every_damage_to_a_sweep_folder_ends_in_a_true_report_or_one_line(sweep_observed):
@@ -489,10 +497,7 @@ def test_every_damage_to_a_sweep_folder_ends_in_a_true_report_or_one_line(sweep_
 
 
 def test_the_sweep_docs_table_is_what_was_observed(sweep_observed):
-    docs = (PROJECT / "docs" / "sweeps-and-review.md").read_text()
-    section = docs.partition("## What each kind of damage to a sweep folder does")[2].partition("\n## ")[0]
-    documented = "\n".join(line for line in section.splitlines() if line.startswith("|"))
-    assert documented == sweep_table(sweep_observed), \
+    assert documented("sweeps-and-review.md", "What each kind of damage to a sweep folder does") == sweep_table(sweep_observed), \
         f"docs/sweeps-and-review.md's table is not what was observed:\n{sweep_table(sweep_observed)}"
 
 
@@ -578,13 +583,7 @@ def xla_table(results) -> str:
         target = re.sub(r"^xla/tf-[^/]+/", "xla/tf-<version>/", target)
         target = re.sub(r"^xla/tf-<version>/[0-9a-f]+/", "xla/tf-<version>/<machine>/", target)
         return re.sub(r"/[^/]+\.pb", "/<entry>.pb", target)
-    rows = {}
-    for result in results:
-        rows.setdefault(f"`{kind(result['targets'][0])}`", {})[result["how"]] = result["outcome"]
-    lines = ["| damaged | deleted | emptied | garbled |", "|---|---|---|---|"]
-    for name in sorted(rows):
-        lines.append(f"| {name} | " + " | ".join(rows[name].get(how, "—") for how in DAMAGES) + " |")
-    return "\n".join(lines)
+    return single_table(results, kind)
 
 
 def test_every_damage_to_the_xla_cache_trains_the_same_and_leaves_it_whole(xla_observed):
@@ -601,8 +600,5 @@ def test_damage_to_a_cached_program_is_logged(xla_observed):
 
 
 def test_the_xla_docs_table_is_what_was_observed(xla_observed):
-    docs = (PROJECT / "docs" / "run-directory.md").read_text()
-    section = docs.partition("## What each kind of damage to the XLA cache does")[2].partition("\n## ")[0]
-    documented = "\n".join(line for line in section.splitlines() if line.startswith("|"))
-    assert documented == xla_table(xla_observed[1:]), \
+    assert documented("run-directory.md", "What each kind of damage to the XLA cache does") == xla_table(xla_observed[1:]), \
         f"docs/run-directory.md's XLA table is not what was observed:\n{xla_table(xla_observed[1:])}"

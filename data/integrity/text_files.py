@@ -19,7 +19,8 @@ def read_text(path, fix: str) -> str:
             offset in the file) and `fix`, what to do about it.
     """
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             # A FIFO, socket or device in its place: reading one would wait for a writer that never comes.
             raise DatasetError(f"{path} is not a regular file (a FIFO, a socket or a device?); {fix}")
         content = Path(path).read_bytes()

@@ -35,7 +35,7 @@ class StepTimer:
         started = time.perf_counter()
         features, labels, weights = next(iterator)
         fetched = time.perf_counter()
-        loss, _, _ = self.trainer.train_step(features, labels, weights)
+        loss, _, _ = self.trainer.one_step(features, labels, weights)
         loss = float(loss)  # waits for the step, as runner.py does
         finished = time.perf_counter()
         if feed:

@@ -16,7 +16,7 @@ Modes, each a set of rows timed after its trace and warm-up (start-up and tracin
 
 cost (the default): the trainer's traced step over a minimal one. Rows: keras, the yardstick
     (benchmarks/step_baselines.py: a plain Keras train step on its own instance of the default model; keras XLA
-    beside it where the trainer compiles its step); step, `Trainer.train_step` (augmentation, the non-finite checks
+    beside it where the trainer compiles its step); step, `Trainer.one_step` (augmentation, the non-finite checks
     and skip, the batch-norm statistics kept for a skip, the global step); loop N, `Trainer.train_loop(iterator, N)`.
     Every row reads a few batches of the training pipeline cached in memory, so the input costs next to nothing.
 first-calls: start-up instead: the cost rows' first call of one step (loop rows: one loop), trace and graph

@@ -6,7 +6,7 @@ one ``conf/dataset/<name>.yaml`` and one line in ``TASKS`` (docs/adding-a-datase
 import importlib
 from pathlib import Path
 
-from tf_harness.data import TASKS
+from tf_harness.data import TASKS, losses
 from tf_harness.data.images import Decode
 from tf_harness.data.spec import DatasetSpec
 
@@ -14,7 +14,7 @@ from tf_harness.data.spec import DatasetSpec
 class Task:
     """One dataset: its spec, index, per-record load and evaluation protocol.
 
-    A subclass sets the class attributes and implements `index` and `load`; `train_records` and
+    A subclass sets the class attributes and implements `index` and `load`; `train_records`, `loss` and
     `protocol_metrics` are optional, and `make_sample` is ``data/samples/<SPEC.name>.py``'s.
     The dataset's default model is its conf/dataset/<name>.yaml's ``override /model:``.
 
@@ -69,6 +69,12 @@ class Task:
     def train_records(self, table, seed):
         """An endless stream of training records drawn in the graph (with DRAWS_TRAINING_RECORDS)."""
         raise NotImplementedError
+
+    def loss(self, labels, logits, weights):
+        """The batch's weighted sum of per-example losses, a float32 scalar, in the graph: the train step divides it
+        by the global batch size, the evaluation sums it. The default is the task type's cross-entropy
+        (data/losses.py); a dataset with a loss of its own overrides this."""
+        return losses.weighted_sum(self.SPEC.task, labels, logits, weights)
 
     def protocol_metrics(self, table, scores) -> dict:
         """Evaluation numbers the dataset's official protocol defines, from a whole split's scores."""

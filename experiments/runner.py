@@ -101,7 +101,7 @@ def run(settings: Settings):
     # Model: network, optimizer and global step ---------------------------------------------------------------
     # Built before the run directory holds anything of this run but Hydra's files and the lock, so that a model
     # this config cannot build, or a warm start none of whose variables fit it, is a config error leaving no folder.
-    trainer = Trainer(settings, task.SPEC, strategy, task.decode.size)
+    trainer = Trainer(settings, task.SPEC, strategy, task.decode.size, loss=task.loss)
     clock.lap("build")
     if not evaluator:
         warm_start.check_fit(settings, run_dir.checkpoint_dir, trainer.model)

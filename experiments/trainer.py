@@ -1,5 +1,8 @@
 """The model, optimizer, global step, checkpoints and the traced train loop and eval step.
 
+`Trainer.train_step` is the step a researcher edits: augmentation, forward pass, the Task's loss, gradients.
+Everything else here wraps it and is the same for any step.
+
 Training runs in loops: one call of a traced function runs up to `trainer.steps_per_loop`
 steps over the input iterator (Orbit's `steps_per_loop`), and the host reads the loop's
 results once, so it does not stop the device every step. Nothing else in the loop reads a
@@ -10,6 +13,7 @@ wait for it is timed (input_wait_fraction): experiments/loop_input.py.
 """
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -18,8 +22,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_harness.data import losses
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import fine_tuning, graph_optimizer, metrics, optimizers, recipes
+from tf_harness.experiments import fine_tuning, graph_optimizer, optimizers, recipes
 from tf_harness.experiments.loop_input import LoopInput
 from tf_harness.models import BUILDERS
 
@@ -181,8 +186,11 @@ class Trainer:
     loss-scale optimizer skips overflowing scaled gradients itself, as it should.
     """
 
-    def __init__(self, settings, spec, strategy, image_size):
+    def __init__(self, settings, spec, strategy, image_size, loss=None):
+        """`loss`: the Task's `loss` (data/task.py), which the train and eval steps call; None: spec.task's default
+        (data/losses.py)."""
         self.spec, self.strategy = spec, strategy
+        self.loss = loss or functools.partial(losses.weighted_sum, spec.task)
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch_size = settings.pipeline.batch_size
         self.accumulate_steps = settings.trainer.accumulate_steps
@@ -234,7 +242,7 @@ class Trainer:
             # The whole step, its non-finite check, skip and counters included, as one XLA cluster; the
             # loop around it (iterator, clocks, results) stays in the graph.
             self._step = tf.function(self._step, jit_compile=True)
-        self.train_step = tf.function(self._train_step)
+        self.one_step = tf.function(self._one_step)
         self._loop = tf.function(self._train_loop)
         self._one = tf.function(self._train_one)
         self.eval_step = _CheckedEvalStep(tf.function(self._eval_step), self)
@@ -257,9 +265,32 @@ class Trainer:
     def _gather(self, value):
         return self.strategy.gather(value, axis=0) if self.replicas > 1 else value
 
+    # The step a researcher edits -------------------------------------------------------------------------------
+    def train_step(self, step, features, labels, weights):
+        """One batch, one replica's share of it: augment, forward, loss, gradients. Returns the loss (this replica's
+        part of the mean over the global batch), the logits (float32) and the gradients of the trained variables.
+
+        This is the place to change what is trained; everything around it is the same for any step. `step` is
+        the batch's number (with trainer.accumulate_steps, global step × N + i), which seeds its augmentation.
+        Around it, from outside (`_replica_step`, `_step`, `_train_loop`): the split across replicas, gradient
+        accumulation, clipping, the skip of a non-finite update, the update itself, the loop and its fetches.
+        """
+        # Augmentation and normalisation: the dataset's Preprocessing stage (data/preprocessing.py).
+        features = self.preprocess(features, training=True, step=step)
+        with tf.GradientTape() as tape:
+            logits = self.model(features, training=True)
+            # The Task's loss (data/task.py `Task.loss`), summed over the batch. Divided by the global batch, not the
+            # replica's: the all-reduce sums the replicas' gradients.
+            loss = self.loss(labels, logits, weights) / self.global_batch_size
+            if self.model.losses:  # the layers' regularisation terms, once over the replicas
+                loss += tf.add_n(self.model.losses) / self.replicas
+            scaled = self.optimizer.scale_loss(loss)  # float16: the loss-scale optimizer's scaling
+        return loss, tf.cast(logits, tf.float32), tape.gradient(scaled, self.trained)
+
+    # What wraps the step -----------------------------------------------------------------------------------------
     def _replica_step(self, step, live, features, labels, weights):
         if self.accumulate_steps == 1:
-            loss, logits, gradients = self._gradients(step, features, labels, weights)
+            loss, logits, gradients = self.train_step(step, features, labels, weights)
         else:
             loss, logits, gradients = self._accumulated(step, features, labels, weights)
             labels = tf.reshape(labels, [-1, *labels.shape[2:]])  # the update's batches, one after the other
@@ -269,21 +300,8 @@ class Trainer:
         self._apply_if(applied, gradients)
         return loss, logits, labels, applied, norm
 
-    def _gradients(self, step, features, labels, weights):
-        """One batch's loss, logits (float32) and gradients (of the loss as the optimizer scales it)."""
-        features = self.preprocess(features, training=True, step=step)
-        with tf.GradientTape() as tape:
-            logits = self.model(features, training=True)
-            # Divide by the global batch, not the replica's: the all-reduce sums the replicas' gradients.
-            loss = tf.reduce_sum(metrics.per_example_loss(self.spec.task, labels, logits) * weights)
-            loss = loss / self.global_batch_size
-            if self.model.losses:
-                loss += tf.add_n(self.model.losses) / self.replicas
-            scaled = self.optimizer.scale_loss(loss)
-        return loss, tf.cast(logits, tf.float32), tape.gradient(scaled, self.trained)
-
     def _accumulated(self, step, features, labels, weights):
-        """`_gradients` over an update's trainer.accumulate_steps batches, stacked on a first axis: the mean loss,
+        """`train_step` over an update's trainer.accumulate_steps batches, stacked on a first axis: the mean loss,
         the logits one batch after the other, and the mean gradients. A while loop, so the step's graph holds
         the model once whatever the count."""
         count = self.accumulate_steps
@@ -291,7 +309,7 @@ class Trainer:
 
         def body(i, loss_sum, sums, logits):
             batch = tf.nest.map_structure(lambda tensor: tensor[i], (features, labels, weights))
-            loss, batch_logits, gradients = self._gradients(step * count + tf.cast(i, tf.int64), *batch)
+            loss, batch_logits, gradients = self.train_step(step * count + tf.cast(i, tf.int64), *batch)
             sums = [total if gradient is None else total + gradient for total, gradient in zip(sums, gradients)]
             return i + 1, loss_sum + loss, sums, logits.write(i, batch_logits)
 
@@ -373,9 +391,9 @@ class Trainer:
         loss = self.strategy.reduce("SUM", loss, axis=None)
         return loss, self._gather(logits), self._gather(labels), applied, in_a_row, norm
 
-    def _train_step(self, features, labels, weights):
-        """One step on one batch (with trainer.accumulate_steps, the update's batches stacked): (loss, logits,
-        labels). The runner trains with `train_loop`."""
+    def _one_step(self, features, labels, weights):
+        """One whole traced step (split, accumulation, skip, update) on one batch (with trainer.accumulate_steps, the
+        update's batches stacked): (loss, logits, labels). The runner trains with `train_loop`."""
         return self._step(tf.constant(True), features, labels, weights)[:3]
 
     def _train_loop(self, iterator, steps):
@@ -486,8 +504,7 @@ class Trainer:
     def _eval_step(self, features, labels, weights):
         def replica_step(features, labels, weights):
             logits = self.model(self.preprocess(features, training=False), training=False)
-            loss = tf.reduce_sum(metrics.per_example_loss(self.spec.task, labels, logits) * weights)
-            return loss, tf.cast(logits, tf.float32)
+            return self.loss(labels, logits, weights), tf.cast(logits, tf.float32)
 
         loss, logits = self.strategy.run(replica_step, args=self._per_replica((features, labels, weights)))
         return self.strategy.reduce("SUM", loss, axis=None), self._gather(logits)

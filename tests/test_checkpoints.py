@@ -245,7 +245,7 @@ def _plant_nan(run_dir, step):
     from tests.conftest import task_of
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     task = task_of(cfg)
-    trainer = Trainer(Settings.from_config(cfg), task.SPEC, tf.distribute.get_strategy(), task.decode.size)
+    trainer = Trainer(Settings.from_config(cfg), task.SPEC, tf.distribute.get_strategy(), task.decode.size, loss=task.loss)
     checkpoint = trainer.checkpoint()
     checkpoint.restore(str(run_dir / "checkpoints" / f"ckpt-{step}")).expect_partial()
     trainer.model.trainable_variables[0].assign(tf.fill(trainer.model.trainable_variables[0].shape, np.nan))

@@ -41,7 +41,7 @@ def evaluations(tmp_path, batch_size, times):
     task, tables = task_of(cfg), tables_of(cfg)
     tf.keras.utils.set_random_seed(cfg.seed)
     settings = Settings.from_config(cfg)
-    trainer = Trainer(settings, task.SPEC, tf.distribute.get_strategy(), task.decode.size)
+    trainer = Trainer(settings, task.SPEC, tf.distribute.get_strategy(), task.decode.size, loss=task.loss)
     model_dir = tmp_path / f"batch-{batch_size}"
     model_dir.mkdir()
     pipeline = settings.input_pipeline()

@@ -64,7 +64,7 @@ def odd_files(tmp_path_factory):
 
 def tiny_trainer(cfg):
     task = task_of(cfg)
-    return task, Trainer(Settings.from_config(cfg), task.SPEC, tf.distribute.get_strategy(), task.decode.size)
+    return task, Trainer(Settings.from_config(cfg), task.SPEC, tf.distribute.get_strategy(), task.decode.size, loss=task.loss)
 
 
 def export_run(task, trainer, model_dir, chief=True):

@@ -68,11 +68,11 @@ def test_train_and_eval_steps_are_traced_once_across_epochs_and_evaluations(cfg,
     validation = make_input(cfg, tables["validation"], training=False, split="validation")
     steps_per_epoch = len(tables["train"]) // 8
     for _ in range(steps_per_epoch + 2):  # crosses an epoch boundary
-        trainer.train_step(*next(train))
+        trainer.one_step(*next(train))
     for _ in range(2):  # two evaluations, each over the whole split, the last batch padded
         for batch in validation:
             trainer.eval_step(*batch)
-    assert trainer.train_step.experimental_get_tracing_count() == 1
+    assert trainer.one_step.experimental_get_tracing_count() == 1
     assert trainer.eval_step.experimental_get_tracing_count() == 1
     assert trainer.step == steps_per_epoch + 2
 

@@ -5,12 +5,14 @@ import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tf_harness.experiments.settings import Settings
 from tf_harness.data.spec import DatasetSpec
+from tf_harness.data.task import Task
 from tf_harness.experiments import trainer as trainer_module
 from tf_harness.experiments.trainer import NonFiniteLossError, Trainer, loop_length, resolve_fetch_ahead
 from tests.conftest import PROJECT, compose, event_tags, run_cli
@@ -38,11 +40,11 @@ def trainer():
     return make_trainer()
 
 
-def make_trainer(*overrides):
+def make_trainer(*overrides, loss=None):
     cfg = compose("dataset=lfw_pairs", f"pipeline.image_size={SIZE}", f"pipeline.batch_size={BATCH}",
                   "model.widths=[16,32]", "model.embedding_size=4", "model.head_units=4",
                   "trainer.max_nonfinite_steps=3", *overrides)
-    return Trainer(Settings.from_config(cfg), PAIRS, tf.distribute.get_strategy(), (SIZE, SIZE))
+    return Trainer(Settings.from_config(cfg), PAIRS, tf.distribute.get_strategy(), (SIZE, SIZE), loss=loss)
 
 
 def pairs(weight=1.0):
@@ -112,6 +114,31 @@ def test_later_loops_run_in_a_waited_thread_on_the_first_loops_trace(steps_per_l
     assert int(trainer.global_step.numpy()) == 1 + 2 * steps_per_loop
     traced = trainer._one if steps_per_loop == 1 else trainer._loop
     assert traced.experimental_get_tracing_count() == 1
+
+
+class Pairs(Task):
+    SPEC = PAIRS
+
+
+class TripledLoss(Pairs):
+    """A dataset whose loss is three times the default: what a researcher's override of `Task.loss` looks like."""
+
+    def loss(self, labels, logits, weights):
+        return 3.0 * super().loss(labels, logits, weights)
+
+
+def test_the_train_and_eval_steps_take_their_loss_from_the_task():
+    batch = next(iter(pairs().repeat().batch(BATCH)))
+    results = []
+    for task in (Pairs(decode=None, seed=0), TripledLoss(decode=None, seed=0)):
+        keras.utils.set_random_seed(7)  # the same initial weights for both
+        trainer = make_trainer(loss=task.loss)
+        eval_loss, _ = trainer.eval_step(*batch)
+        results.append((float(eval_loss), float(trainer.one_step(*batch)[0])))
+    (eval_default, train_default), (eval_tripled, train_tripled) = results
+    assert train_default > 0 and eval_default > 0
+    assert train_tripled == pytest.approx(3 * train_default, rel=1e-5)
+    assert eval_tripled == pytest.approx(3 * eval_default, rel=1e-5)
 
 
 def variables(trainer):

@@ -19,26 +19,21 @@ import hydra  # noqa: E402
 from tf_harness.experiments.run_dir import reentry
 
 
-def train_and_evaluate(settings):
-    from tf_harness.experiments import runner  # TensorFlow starts here, once cli.guarded has passed the config
-
-    return runner.run(settings)  # the headline validation metric, or None
-
-
 # The run's config (docs/run-directory.md). A new run runs what Hydra composes from conf/ and the command line;
 # re-entering a recorded run directory (hydra.run.dir=<run>) runs the run's saved .hydra/config.yaml, changed
 # only in the command line's run-control keys. Resolving it takes two calls, because they sit on either side of
 # Hydra's composition: Hydra refuses a key of a group it did not compose (LFW's model.merge, say), so the run's
 # saved dataset=, model= and experiment= go on the command line before Hydra reads it (compose_and_run); the
 # typed overrides can be compared with the saved config only once Hydra has parsed them and made the job's run
-# directory, in each job of a sweep (main).
+# directory, in each job of a sweep (main, through cli.job).
 
 
 # conf/ is the package tf_harness.conf, so the same configs are found in a checkout and when installed.
 @hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")
 def main(cfg):
-    cfg, problem = reentry.resolve_config(cfg)  # on re-entry: the saved config, or what may not change
-    return cli.guarded(train_and_evaluate, cfg, problem)  # the job's outcome: for Optuna, experiments/sweep_report.py
+    # The job below the command line, which a sweep's jobs and experiments/api.py's `run` share: the config resolved
+    # (on re-entry: the saved config, or what may not change), checked, then experiments/runner.py's `run`.
+    return cli.job(cli.train_and_evaluate, cfg)  # the job's outcome: for Optuna, experiments/sweep_report.py
 
 
 def compose_and_run():

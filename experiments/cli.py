@@ -104,14 +104,15 @@ class Outcome(float):
     such as Optuna maximises; NaN when there is none, a failure included), with the job's exit status and
     error line (experiments/sweep_report.py)."""
 
-    def __new__(cls, metric=None, status=0, error=None, ran=True):
+    def __new__(cls, metric=None, status=0, error=None, ran=True, metrics=None):
         outcome = super().__new__(cls, float("nan") if metric is None else metric)
         # ran: False for a job refused before it changed anything in its run directory, whose record stays as it was.
         outcome.status, outcome.error, outcome.ran = status, error, ran
+        outcome.metrics = dict(metrics or {})  # the last evaluation's metrics (experiments/api.py returns them)
         return outcome
 
     def __reduce__(self):  # launchers pickle it back from their job processes
-        return Outcome, (float(self), self.status, self.error, self.ran)
+        return Outcome, (float(self), self.status, self.error, self.ran, self.metrics)
 
 
 def note_status(status) -> None:
@@ -140,19 +141,17 @@ def _closing(status, outcome) -> str:
 _existing_run_dir = None
 
 
-def _failed(line, status, ran=True, discard=None) -> Outcome:
+def _failed(line, status, job, ran=True, discard=None) -> Outcome:
     """One job failed: one line on stderr; run.log gets it and its closing line. A config error (or, with
-    `discard`, an OS failure) in a run directory this process created, before the run wrote anything of its own
-    there, removes it. Returns the job's outcome (`ran`: see Outcome)."""
+    `discard`, an OS failure) in a single run's directory that this process created, before the run wrote anything
+    of its own there, removes it (a sweep's jobs keep their record). Returns the job's outcome (`ran`: see
+    Outcome)."""
     interrupts.finished()  # this status is the job's: a signal from here on changes nothing
     print(line, file=sys.stderr)
     _to_run_log(line, _closing(status, "stopped by a config error" if status == 2 else "failed"))
     note_status(status)
-    if status == 2 if discard is None else discard:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:  # a sweep's jobs keep their record
-            reentry.discard_failed_start(HydraConfig.get().runtime.output_dir, _existing_run_dir)
+    if (status == 2 if discard is None else discard) and job.single:
+        reentry.discard_failed_start(job.run_dir, _existing_run_dir)
     return Outcome(None, status, line, ran)
 
 
@@ -161,22 +160,41 @@ def _resumable(run_dir) -> bool:
     return run_dir is not None and any((Path(run_dir) / "checkpoints").glob("ckpt-*.index"))
 
 
-def guarded(task, cfg, problem) -> Outcome:
+def job(task, cfg, actions=()) -> Outcome:
+    """The one function below Hydra's command line, which `python run.py`, a sweep's jobs, experiments/api.py's
+    `run` and the TFRecord converter share: resolves the config the job runs (a re-entered run directory's saved
+    one: experiments/run_dir/reentry.py), reads what Hydra says about the job once (settings.Job), and runs
+    `task(settings, job, actions)` `guarded`."""
+    from tf_harness.experiments.settings import Job
+
+    cfg, problem = reentry.resolve_config(cfg)
+    return guarded(task, cfg, problem, Job.from_hydra(), actions)
+
+
+def train_and_evaluate(settings, job, actions=()):
+    """A run's task: experiments/runner.py's `run` (TensorFlow starts here, once `guarded` has passed the config)."""
+    from tf_harness.experiments import runner
+
+    return runner.run(settings, job, actions)
+
+
+def guarded(task, cfg, problem, job, actions=()) -> Outcome:
     """Checks `cfg` against the schema, then runs one job, turning expected failures into a
     one-line message and an exit status. `cfg` and `problem` are what reentry.resolve_config
-    gives: a config error found resolving the config (a re-entry that changes a saved key) is reported first.
+    gives: a config error found resolving the config (a re-entry that changes a saved key) is reported first;
+    `job`: settings.Job, what Hydra says about the job; `actions`: passed on to `task`.
 
     Errors are handled inside the job rather than raised through Hydra, which
     would add its own lines, and so that one failed job of a sweep does not stop
     the others. `task` should import TensorFlow itself, so that it starts only
-    once the config has passed, and return the headline validation metric or None. Returns the job's
-    Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweep_report.py).
+    once the config has passed, and return None or (the headline validation metric or None, the final metrics as a
+    dict). Returns the job's Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweep_report.py).
     """
     startup.job_started()
     interrupts.started()  # a signal held since a sweep's previous job ended stops the sweep here
     problem = problem or schema.first_problem(cfg, os.environ)
     if problem:
-        return _failed(f"config error: {problem}", 2)
+        return _failed(f"config error: {problem}", 2, job)
     from tf_harness.experiments.settings import Settings
     settings = Settings.from_config(cfg)  # the one reading of the config: below this, plain values
     if settings.trainer.jit_compile is not False:
@@ -192,25 +210,24 @@ def guarded(task, cfg, problem) -> Outcome:
     from tf_harness.experiments.trainer import NonFiniteLossError
 
     try:
-        metric = task(settings)
+        result = task(settings, job, actions)
     except ConfigError as error:
-        return _failed(f"config error: {_one_line(error)}", 2)
+        return _failed(f"config error: {_one_line(error)}", 2, job)
     except (DatasetError, NonFiniteLossError, UnrestorableError, Stalled) as error:
         # A re-entry whose checkpoints refuse it before it writes anything (checkpoints.check_before_start).
-        return _failed(f"error: {_one_line(error)}", 1, ran=not getattr(error, "before_start", False))
+        return _failed(f"error: {_one_line(error)}", 1, job, ran=not getattr(error, "before_start", False))
     except Exception as error:
         # A full disk, a read-only folder, a path too long; or a disk cache damaged since it was checked.
-        from hydra.core.hydra_config import HydraConfig
-        run_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
-        line = (os_errors.describe(error, resumable=_resumable(run_dir))
+        line = (os_errors.describe(error, resumable=_resumable(job.run_dir))
                 or next(filter(None, map(caching.damaged, os_errors.chain(error))), None))
         if line is None:
             raise
-        return _failed(f"error: {line}", 1, discard=True)  # a start that wrote nothing of its own leaves no folder
+        return _failed(f"error: {line}", 1, job, discard=True)  # a start that wrote nothing of its own leaves no folder
     interrupts.raise_held()  # a signal that landed in a finalizer (tqdm's __del__, say) stops the run here
     interrupts.finished()  # the run has finished: a signal from here on changes nothing (docs/run-directory.md)
     _to_run_log(_closing(0, "finished"), level=logging.INFO)  # an ERROR tag on success would send readers hunting
-    return Outcome(metric)
+    metric, metrics = result if result is not None else (None, {})
+    return Outcome(metric, metrics=metrics)
 
 
 def _interrupted(error: KeyboardInterrupt, line: str) -> int:
@@ -222,18 +239,33 @@ def _interrupted(error: KeyboardInterrupt, line: str) -> int:
     return status
 
 
+def before_hydra(args):
+    """What the command line and experiments/api.py do with the overrides `args` before Hydra composes them: notes
+    the folder that already exists on the run directory's path (a config error's cleanup keeps it), and refuses a
+    run directory that holds a run without a readable saved config, before Hydra writes anything. Returns the
+    refusal's line (`error: ...`, exit status 1, also appended to the run's run.log) or None."""
+    global _existing_run_dir
+    _existing_run_dir = reentry.existing_ancestor(args)
+    damaged = reentry.unreadable_record(args)
+    if not damaged:
+        return None
+    _append_run_log(reentry.run_dir_argument(args), f"error: {damaged}", _closing(1, "failed"))
+    return f"error: {damaged}"
+
+
+def config_error_line(error) -> str:
+    """The one line the command line prints for a config error Hydra or OmegaConf raised (exit status 2)."""
+    return f"config error: {_one_line(error)}"
+
+
 def exit_code(main) -> int:
     """Runs `main`, which starts Hydra (it reads sys.argv), and returns the documented exit status."""
-    global _existing_run_dir
     stopped_by = None  # the interrupt's line, for the report of a sweep it stopped
     interrupts.install()  # from here on, a signal at any instant exits 130/143 (the runner saves first)
-    _existing_run_dir = reentry.existing_ancestor(sys.argv[1:])
     try:
-        # A run directory that holds a run without a readable saved config: refused before Hydra writes anything.
-        damaged = reentry.unreadable_record(sys.argv[1:])
-        if damaged:
-            print(f"error: {damaged}", file=sys.stderr)
-            _append_run_log(reentry.run_dir_argument(sys.argv[1:]), f"error: {damaged}", _closing(1, "failed"))
+        refused = before_hydra(sys.argv[1:])
+        if refused:
+            print(refused, file=sys.stderr)
             return 1
         main()
     except (HydraException, OmegaConfBaseException) as error:

@@ -33,8 +33,7 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob
 from hydra.errors import OverrideParseException
-from hydra.types import RunMode
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hp  # what `api` exports, without importing TensorFlow
@@ -54,19 +53,14 @@ EXIT_STATUS = "exit_status"
 SESSION_END = ".session_end"
 
 
-def sweep_domains(hydra_cfg) -> dict:
+def sweep_domains(job) -> dict:
     """Each key the sweep varies: a list of the values it lists, (low, high) for an interval, or None for a
-    glob (expanded against conf/). Empty outside a multirun.
-
-    The sweep's own command line is in the sweep directory's multirun.yaml (a job's overrides hold its own
-    values only); a sweeper's `params` (hparams_search) are in the job's config too.
+    glob (expanded against conf/). Empty outside a multirun. `job`: experiments/settings.py's Job, whose
+    `sweep_overrides` are the sweep's own command line and its sweeper's `params` (hparams_search).
     """
-    if hydra_cfg.mode != RunMode.MULTIRUN:
+    if job.single:
         return {}
-    specs = [f"{key}={value}" for key, value in (hydra_cfg.sweeper.get("params") or {}).items()]
-    multirun = Path(hydra_cfg.sweep.dir) / "multirun.yaml"
-    if multirun.is_file():
-        specs += list(OmegaConf.load(multirun).hydra.overrides.task)
+    specs = list(job.sweep_overrides)
     try:
         overrides = OverridesParser.create().parse_overrides(specs)
     except OverrideParseException as error:  # the sweeper parsed them already; a dashboard nicety must not stop a run
@@ -114,21 +108,21 @@ def _leaves(node, prefix=""):
             yield name, value
 
 
-def _run_value(settings, hydra_cfg, key):
+def _run_value(settings, job, key):
     """The run's value of a swept key: a config group's chosen option, or the setting's value."""
-    choices = hydra_cfg.runtime.choices
+    choices = job.choices
     if key in choices:
         return choices[key]
     return settings.select(key.lstrip("+~"), None)
 
 
-def hparams_and_values(settings, hydra_cfg):
+def hparams_and_values(settings, job):
     """The dashboard's hyper-parameters (swept keys first, with their domains), this run's values, and the swept
     keys' domains (`sweep_domains`)."""
-    domains = sweep_domains(hydra_cfg)
+    domains = sweep_domains(job)
     hparams, values = [], {}
     for key, domain in domains.items():
-        value = _run_value(settings, hydra_cfg, key)
+        value = _run_value(settings, job, key)
         interval = isinstance(domain, tuple)
         kind = _kind(list(domain or []) + [value])
         if interval:
@@ -170,13 +164,13 @@ def metric_columns(task, swept=()) -> list:
             + [hp.Metric(tag, **validation) for tag in others])
 
 
-def trial_id(run_dir, hydra_cfg) -> str:
+def trial_id(run_dir, job) -> str:
     """The run's Trial ID: a sweep job's number, then its sweep folder's name (`3 · 14-03-22_a1b2c3` for
     `14-03-22_a1b2c3/3`), or a single run's folder name. The 10em column shows the job number and the sweep's time;
     the default folders' names (time and a random id) never repeat, so repeated sweeps stay apart."""
     run_dir = Path(os.path.realpath(run_dir))
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        sweep = Path(os.path.realpath(hydra_cfg.sweep.dir))
+    if not job.single:
+        sweep = Path(os.path.realpath(job.sweep_dir))
         if run_dir != sweep and run_dir.is_relative_to(sweep):
             return f"{run_dir.relative_to(sweep).as_posix()} · {sweep.name}"
     return run_dir.name

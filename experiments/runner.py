@@ -5,14 +5,13 @@ point), loop, close. What it builds goes into one `Controller`, whose methods ar
 train_and_evaluate, train, evaluate, predict, export and continuous_eval (the sidecar evaluator, which the
 same set-up serves on one device). Durability enters as named calls into experiments/run_dir/.
 """
+import contextlib
 import logging
 import re
 from pathlib import Path
 
 import keras
 import tensorflow as tf
-from hydra.core.hydra_config import HydraConfig
-from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data import service
@@ -22,28 +21,29 @@ from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import export, metrics, recipes, review, sidecar, strategies, warm_start, xla_cache
+from tf_harness.experiments import actions, export, recipes, review, sidecar, strategies, warm_start, xla_cache
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
 from tf_harness.experiments.schema import EVALUATING_MODES, EVALUATION_MODES, TRAINING_MODES
-from tf_harness.experiments.settings import Settings
+from tf_harness.experiments.settings import Job, Settings
 from tf_harness.experiments.startup import StartupClock
 from tf_harness.experiments.summaries import Summaries
-from tf_harness.experiments.trainer import LoopStats, NonFiniteLossError, Trainer, loop_length
+from tf_harness.experiments.trainer import Trainer, loop_length
 
 log = logging.getLogger(__name__)
 _POLICIES = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 
 
-def run(settings: Settings):
-    """Runs one Hydra job with `settings`, the config read once the schema passed it (experiments/cli.py
-    `guarded`); the run directory is the model_dir. Returns the last evaluation's headline metric (None when the
-    mode does not evaluate), or with trainer.objective=best the best value of trainer.best_metric, which a sweeper
-    such as Optuna optimises."""
+def run(settings: Settings, job: Job, actions=()):
+    """Runs one job with `settings`, the config read once the schema passed it (experiments/cli.py `guarded`);
+    `job.run_dir`, the run directory, is the model_dir; `actions` (experiments/actions.py) are called after the
+    mode's own. Returns (the job's objective, the last evaluation's metrics; empty when the mode does not evaluate).
+    The objective is the last evaluation's headline metric (None when the mode does not evaluate), or with
+    trainer.objective=best the best value of trainer.best_metric, which a sweeper such as Optuna optimises."""
     # Settings ---------------------------------------------------------------------------------------------------
     clock = StartupClock()
-    model_dir = Path(HydraConfig.get().runtime.output_dir)
+    model_dir = Path(job.run_dir)
     evaluator = sidecar.wanted(settings)  # mode=continuous_eval, or TF_CONFIG's evaluator task
     keras.backend.clear_session()  # a sweep's jobs share this process: each starts from a clean Keras state
     keras.utils.set_random_seed(settings.seed)
@@ -117,9 +117,9 @@ def run(settings: Settings):
         ("validation",) if settings.mode in EVALUATING_MODES else ()
     summaries = Summaries(str(model_dir), splits if writes else ("validation",) if evaluator else ())
     if writes:
-        summaries.hparams(settings, task.SPEC.task, HydraConfig.get())
+        summaries.hparams(settings, task.SPEC.task, job)
     controller = Controller(settings, task, pipeline, trainer, summaries, run_dir, tables, skipped, clock,
-                            context=strategies.input_context(strategy), writes=writes)
+                            context=strategies.input_context(strategy), writes=writes, extra_actions=actions)
 
     # Restore: 1. the run's own newest restorable checkpoint, 2. trainer.init_checkpoint, 3. scratch ------------
     # Training restores its input iterator too; evaluate, predict and export the checkpoint `checkpoint=` names;
@@ -140,7 +140,9 @@ def run(settings: Settings):
 
     # Close ------------------------------------------------------------------------------------------------------
     summaries.close()
-    return controller.recipes.objective(controller.evaluator.last_values)  # trainer.objective: last or best
+    last = controller.evaluator.last_values
+    # trainer.objective (last or best), and the final metrics: the last evaluation's, with the global step reached.
+    return controller.recipes.objective(last), {**last, "global_step": trainer.step}
 
 
 class Controller:
@@ -148,11 +150,12 @@ class Controller:
     checkpointing; evaluates, predicts or exports a restored checkpoint; or evaluates each new checkpoint."""
 
     def __init__(self, settings, task, pipeline, trainer, summaries, run_dir: RunDirectory, tables, skipped, clock,
-                 context=None, writes=True):
+                 context=None, writes=True, extra_actions=()):
         """`skipped`: the run's SkipLog, which grows by the image files that fail to decode mid-run;
         `context`: this worker's tf.distribute.InputContext for training input; `clock`: the start-up clock,
         whose line `train` logs after its first loop; `writes`: whether this process writes the trainer's files
-        (skipped.csv, train/): the chief of a training run, never the sidecar evaluator."""
+        (skipped.csv, train/): the chief of a training run, never the sidecar evaluator; `extra_actions`: actions
+        (experiments/actions.py) called after those of the run's mode."""
         self.settings, self.trainer_settings = settings, settings.trainer
         self.task, self.spec, self.pipeline, self.trainer = task, task.SPEC, pipeline, trainer
         self.summaries, self.run_dir, self.tables, self.skipped = summaries, run_dir, tables, skipped
@@ -165,6 +168,9 @@ class Controller:
                                    write=run_dir.chief, beside=sidecar.wanted(settings))
         self.note_unreadable()  # what an earlier life of this run found
         self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
+        # The actions of the mode: training sets its own (`_train`); an evaluation outside training counts for nothing.
+        self.extra_actions = list(extra_actions)
+        self.actions = [actions.BestCheckpoint(self.recipes), *self.extra_actions]
 
     # Input ---------------------------------------------------------------------------------------------------
     def _input_fn(self, split, training, rows=None):
@@ -191,10 +197,10 @@ class Controller:
         log.info("Restored %s (global step %d)", self.restored, self.trainer.step)
 
     def evaluate(self):
-        """Evaluates the trainer's weights; in a training run, also counts the evaluation for the best checkpoint
-        and early stopping (experiments/recipes.py)."""
+        """Evaluates the trainer's weights, then calls the actions' `after_evaluation` (in a training run, the best
+        checkpoint and early stopping count it: experiments/recipes.py)."""
         values = self.evaluator.evaluate()
-        self.recipes.evaluated(values, self.trainer.step)
+        self._call("after_evaluation", self.trainer.step, values)
         return values
 
     def predict(self):
@@ -237,67 +243,55 @@ class Controller:
             self._train(iterator, manager, evaluate)
 
     def _train(self, iterator, manager, evaluate):
-        trainer, trainer_settings = self.trainer, self.trainer_settings
+        trainer, target = self.trainer, self.trainer_settings.train_steps
         start = step = trainer.step
-        target = trainer_settings.train_steps
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
-        profiler = review.Profiler(trainer_settings.profile_steps if self.writes else None, self.model_dir / "train")
+        self.actions = actions.standard(self, manager, evaluate, start) + self.extra_actions
         # Loops end on every log, checkpoint and evaluation step, so these land as they would step by step.
-        intervals = [trainer_settings.log_every, trainer_settings.checkpoint_every]
-        intervals += [trainer_settings.eval_every] if evaluate else []
-        window, first, longest = [], True, 0.0  # longest: the longest train loop yet, in seconds
-        progress = tqdm(total=target, initial=step, desc="train", unit="step", dynamic_ncols=True)
-        try:
-            if evaluate and 0 < step < target and step % trainer_settings.eval_every == 0 \
-                    and not self.run_dir.evaluated(step):
-                log.info("Redoing the evaluation at global step %d, which was interrupted", step)
-                self.evaluate()
-            while step < target and not self.recipes.stopped:  # trainer.early_stopping
-                profiler.update(step)
-                length = profiler.loop_length(step, loop_length(step, trainer.steps_per_loop, target, intervals))
-                # A signal waits for the loop's end (experiments/run_dir/interrupts.py): the loop, its summary and
-                # its checkpoint are one unit, so no step is trained without its summary or saved half-logged. A
-                # loop that does not end within a grace is abandoned, unsaved (experiments/run_dir/blocking.py).
+        intervals = [self.trainer_settings.log_every, self.trainer_settings.checkpoint_every]
+        intervals += [self.trainer_settings.eval_every] if evaluate else []
+        first, longest = True, 0.0  # longest: the longest train loop yet, in seconds
+        with contextlib.ExitStack() as stack:
+            for action in self.actions:
+                stack.callback(action.close)
+            stack.enter_context(actions.saving_on_interrupt(trainer, self.run_dir, self.actions))
+            stack.enter_context(self._unreadable_named())
+            self._call("start", step)
+            while step < target and not any(action.stop for action in self.actions):
+                length = loop_length(step, trainer.steps_per_loop, target, intervals)
+                for action in self.actions:
+                    length = action.loop_length(step, length)
+                # A signal waits for the loop's end (experiments/run_dir/interrupts.py): the loop and its actions'
+                # `after_loop` (summary, checkpoint) are one unit. A loop that does not end within a grace is
+                # abandoned, unsaved (experiments/run_dir/blocking.py).
                 with interrupts.deferred():
                     source = iterator
                     if first:  # the first batch trains alone, and TensorBoard shows it as the model sees it
                         source, length = self._first_batch(iterator, step), 1
-                    with profiler.step(step):
-                        loop = self._train_loop(source, length, step, longest, first)
-                    first, longest = False, max(longest, loop.seconds)
-                    step = self._after_loop(loop, window, manager, progress)
-                if evaluate and step % trainer_settings.eval_every == 0 and step < target:
-                    self.evaluate()
-        except blocking.Abandoned as interrupt:
-            # The loop may have trained part of its steps: a save now would hold a state no step ended in.
-            log.warning("Interrupted while waiting for %s; exiting without saving (%s)", interrupt.what,
-                        self.run_dir.last_checkpoint_text())
-            raise
-        except KeyboardInterrupt:
-            # Nothing is lost on Ctrl-C or SIGTERM: a signal is handled between loops, and every batch a loop took
-            # was trained on, so the global step, the weights and the iterator position agree when saved.
-            step = trainer.step
-            if step > 0:
-                self._log_train(window, step)
-                if manager.latest_checkpoint != self.run_dir.checkpoint_path(step):
-                    self._save_finite(manager, step)
-                log.warning("Interrupted at global step %d; saved a checkpoint to resume from", step)
-            raise
+                    loop = self._train_loop(source, length, step, longest, first)
+                    first, longest, step = False, max(longest, loop.seconds), trainer.step
+                    self._call("after_loop", step, loop)
+                self._call("between_loops", step)
+        self._call("finish", step, any(action.stop for action in self.actions))
+
+    def _call(self, hook, *args):
+        for action in self.actions:
+            getattr(action, hook)(*args)
+
+    @contextlib.contextmanager
+    def _unreadable_named(self):
+        """Names the image files behind a training input that failed on too many unreadable files in a row
+        (data/integrity/unreadable.py), as a DatasetError."""
+        try:
+            yield
         except tf.errors.InvalidArgumentError as error:
             failed = re.search(rf"(\d+ {unreadable.FAILED_IN_A_ROW})", error.message)
             if failed is None:
                 raise
             self.note_unreadable()
-            raise DatasetError(f"{failed.group(1)} in training, at global step {trainer.step}: the image files "
+            raise DatasetError(f"{failed.group(1)} in training, at global step {self.trainer.step}: the image files "
                                f"are not what dataset={self.spec.name} reads (listed in skipped.csv)") from None
-        finally:
-            profiler.close()
-            progress.close()
-        if self.recipes.stopped:  # the step it stopped at is evaluated; it is saved too
-            return self.recipes.save_stop(manager, self._save_finite)
-        if evaluate and (step > start or not self.run_dir.evaluated(step)):  # done already if interrupted after it
-            self.evaluate()
 
     def _first_batch(self, iterator, step):
         """The next training batch, as a one-batch iterator for the first loop, on every training process alike (the
@@ -334,67 +328,3 @@ class Controller:
         return dict(hint=f"pipeline.service={address}: is a worker running? {service.start_worker(address)}; {bound}",
                     timeout=seconds, stalled=lambda: f"{service.stalled(address, seconds)} "
                                                      f"({self.run_dir.last_checkpoint_text()})")
-
-    def _after_loop(self, loop, window, manager, progress):
-        """Logs, checks and saves what a train loop did; returns the global step it reached."""
-        trainer_settings, step = self.trainer_settings, self.trainer.step
-        if not self.clock.logged:
-            self.clock.first_step(loop.steps)
-            xla_cache.publish()  # the train step's compiled program is whole now: the next run may load it
-        window.append(loop)
-        self._check_finite(loop, step)
-        progress.update(loop.steps)
-        progress.set_postfix(loss=f"{loop.loss:.4f}",
-                             examples_per_sec=f"{self.trainer.examples_per_step * loop.steps / loop.seconds:.0f}")
-        if step % trainer_settings.log_every == 0 or step == trainer_settings.train_steps:
-            self._log_train(window, step)
-        if step % trainer_settings.checkpoint_every == 0 or step == trainer_settings.train_steps:
-            self._save_finite(manager, step)
-        return step
-
-    def _check_finite(self, loop, step):
-        if loop.nonfinite:
-            log.warning("Skipped %d training step(s) with a non-finite loss or gradient norm, up to global step %d",
-                        loop.nonfinite, step)
-        in_a_row = loop.nonfinite_in_a_row
-        if in_a_row >= self.trainer.max_nonfinite_steps:
-            what = (f"{in_a_row} training steps in a row had a non-finite loss or gradient norm, the last at global "
-                    f"step {step}; none was applied" if in_a_row > 1 else
-                    f"training step {step} had a non-finite loss or gradient norm and was not applied")
-            raise NonFiniteLossError(f"{what}; stopping ({self.run_dir.last_checkpoint_text()})")
-
-    def _save_finite(self, manager, step):
-        # Skipped updates keep the weights finite; this guards the checkpoint against anything else.
-        if not self.trainer.all_finite():
-            raise NonFiniteLossError(f"the model or optimizer holds non-finite values at global step {step}; not "
-                                     f"saving ({self.run_dir.last_checkpoint_text()})")
-        self.run_dir.save(manager, step)
-
-    def _log_train(self, window, step):
-        if not window:
-            return
-        loops = LoopStats.merge(window)
-        window.clear()
-        values = {"loss": loops.loss,
-                  "learning_rate": self.trainer.learning_rate,
-                  "examples_per_sec": self.trainer.examples_per_step * loops.steps / loops.seconds,
-                  # The share of train time spent waiting for batches (experiments/trainer.py defines it per loop).
-                  "input_wait_fraction": loops.input_wait_fraction,
-                  "nonfinite_steps": loops.nonfinite}
-        if self.trainer.clip_global_norm is not None:  # the norm before clipping
-            values["gradient_norm"] = loops.gradient_norm
-        if len(loops.logits):
-            values.update(metrics.evaluate(self.spec.task, self.spec.class_names, loops.labels, loops.logits))
-        self.summaries.scalars("train", values, step)
-        self.note_unreadable()
-        # The window's pace (the first one includes the trace) over the steps still to go.
-        target = self.trainer_settings.train_steps
-        log.info("step %d/%d: loss %.4f, %.1f examples/s, input_wait_fraction %.3f, ETA %s", step, target,
-                 values["loss"], values["examples_per_sec"], values["input_wait_fraction"],
-                 _duration(loops.seconds / loops.steps * max(target - step, 0)))
-
-
-def _duration(seconds) -> str:
-    minutes, seconds = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{seconds:02d}"

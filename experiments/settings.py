@@ -1,6 +1,6 @@
 """The run's settings: the composed config, once experiments/schema.py has checked it, read into plain values.
 
-`Settings.from_config` is where a run reads its config; every module below the entry points takes these
+`Settings.from_config` is where a run reads its config, and `Job.from_hydra` what Hydra says about the job; every module below the entry points takes these
 values instead. The objects the data side needs (the dataset's Task, the input pipeline's settings, the
 preprocessing, the TFRecord settings) are built here from them, so no data module sees the config.
 Nothing here imports TensorFlow until one of those objects is asked for.
@@ -137,3 +137,36 @@ class Settings:
         settings = self
         return Preprocessing(bool(settings.pipeline.augment), bool(settings.dataset.flip), settings.dataset.normalize,
                              settings.seed)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What Hydra says about the job a run is, read once as plain values: where it runs and, in a sweep, what the
+    sweep varies. The runner and the HParams record take this, never Hydra's own config."""
+
+    run_dir: Path  # the run directory (hydra.runtime.output_dir): the model_dir
+    choices: Mapping  # each config group's chosen option (dataset, model, ...)
+    sweep_dir: Path | None = None  # the sweep's folder; None for a single run
+    sweep_overrides: tuple = ()  # the sweep's own command line and its sweeper's params, as `key=value` strings
+
+    @property
+    def single(self) -> bool:
+        """Whether the job is a single run (`python run.py`, api.run), not one job of a sweep."""
+        return self.sweep_dir is None
+
+    @classmethod
+    def from_hydra(cls) -> "Job":
+        """The job Hydra runs now (its HydraConfig)."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra = HydraConfig.get()
+        job = cls(Path(hydra.runtime.output_dir), dict(hydra.runtime.choices))
+        if hydra.mode != RunMode.MULTIRUN:
+            return job
+        # A job's own overrides hold its values alone: the sweep's command line is in the sweep's multirun.yaml.
+        overrides = [f"{key}={value}" for key, value in (hydra.sweeper.get("params") or {}).items()]
+        multirun = Path(hydra.sweep.dir) / "multirun.yaml"
+        if multirun.is_file():
+            overrides += list(OmegaConf.load(multirun).hydra.overrides.task)
+        return cls(job.run_dir, job.choices, Path(hydra.sweep.dir), tuple(overrides))

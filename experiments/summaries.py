@@ -55,18 +55,18 @@ class Summaries:
                 review.write_evaluation(spec, labels, probabilities, step)
             self.writers["validation"].flush()
 
-    def hparams(self, settings, task, hydra_cfg):
+    def hparams(self, settings, task, job):
         """Records the run's hyper-parameters for TensorBoard's HParams dashboard (experiments/hparams.py), once
         per run directory: a re-entry (resume, evaluate, predict) runs the saved config, already recorded."""
         if not self.enabled or hparams_record.has_record(self.model_dir):
             return
-        hparams, values, swept = hparams_record.hparams_and_values(settings, hydra_cfg)
+        hparams, values, swept = hparams_record.hparams_and_values(settings, job)
         metrics = hparams_record.metric_columns(task, hparams_record.swept_tasks(swept))
         config = hparams_record.config_pb(hparams, metrics, swept)
         with tf.summary.create_file_writer(self.model_dir).as_default():
             tf.summary.experimental.write_raw_pb(config.SerializeToString(), step=0)
             # `<job number> · <sweep folder>` or the run folder's name: short, and repeated sweeps stay apart.
-            hparams_api.hparams(values, trial_id=hparams_record.trial_id(self.model_dir, hydra_cfg))
+            hparams_api.hparams(values, trial_id=hparams_record.trial_id(self.model_dir, job))
 
 
 def evaluated_step(model_dir):

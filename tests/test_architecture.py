@@ -40,14 +40,24 @@ def test_the_main_reads_top_to_bottom_in_its_sections():
 
 
 def _reads_the_config(tree) -> bool:
-    """Whether a module reads a raw config (a name `cfg`) by attribute, item or `get`."""
+    """Whether a module reads a raw config (a name `cfg`) by attribute, item or `get`, or Hydra's (`HydraConfig`)."""
     return any(isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.value, ast.Name)
-               and node.value.id == "cfg" for node in ast.walk(tree))
+               and node.value.id == "cfg" for node in ast.walk(tree)) or any(
+        isinstance(node, ast.Name) and node.id == "HydraConfig" or isinstance(node, ast.alias)
+        and node.name.endswith("HydraConfig") for node in ast.walk(tree))
+
+
+def test_the_config_reader_sees_hydra_config_too():
+    """The check below would miss a module that asks Hydra for its config under any other name than `cfg`."""
+    assert _reads_the_config(ast.parse("from hydra.core.hydra_config import HydraConfig\n"))
+    assert _reads_the_config(ast.parse("def f(cfg):\n    return cfg.trainer\n"))
+    assert not _reads_the_config(ast.parse("def f(settings):\n    return settings.trainer\n"))
 
 
 def test_at_most_three_modules_read_the_raw_config():
-    """The config becomes Settings at the top (experiments/settings.py); the schema check and the re-entry
-    comparison read it raw, before that. Every other module takes plain values."""
+    """The config becomes Settings, and what Hydra says about the job a settings.Job, at the top
+    (experiments/settings.py); the schema check and the re-entry comparison read it raw, before that. Every other
+    module, the command line's wrappers and the runner included, takes plain values."""
     readers = sorted(str(path.relative_to(PROJECT)) for path in _python_files()
                      if not str(path.relative_to(PROJECT)).startswith("benchmarks")
                      and _reads_the_config(ast.parse(path.read_text())))
@@ -98,7 +108,7 @@ def test_one_module_takes_file_locks_and_one_replaces_files():
 
 
 # Where a reader enters each file of the documented path, and the file of the path that calls it there.
-_ENTRIES = {"run.py": ("train_and_evaluate", None), "experiments/runner.py": ("run", "run.py"),
+_ENTRIES = {"run.py": ("main", None), "experiments/runner.py": ("run", "run.py"),
             "data/input_fn.py": ("input_fn", "experiments/runner.py"),
             "data/chest_xray.py": ("load", "data/input_fn.py"), "experiments/trainer.py": ("train_loop", "experiments/runner.py")}
 _TRACE = """

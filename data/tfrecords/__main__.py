@@ -18,7 +18,8 @@ import hydra  # noqa: E402
 from tf_harness.experiments.run_dir import reentry  # noqa: E402
 
 
-def convert_configured(settings):
+def convert_configured(settings, job, actions):
+    """cli.guarded's task: converts the dataset `settings` name (`job` and `actions` are a training run's)."""
     # TensorFlow starts here, once cli.guarded has passed the config.
     from tf_harness.data.tfrecords.writer import convert
     from tf_harness.experiments import strategies
@@ -30,8 +31,7 @@ def convert_configured(settings):
 
 @hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")
 def main(cfg):
-    cfg, problem = reentry.resolve_config(cfg)  # a re-entered run directory's saved config, as in run.py
-    cli.guarded(convert_configured, cfg, problem)
+    cli.job(convert_configured, cfg)  # a re-entered run directory's saved config, checked, as in run.py
 
 
 def compose_and_run():

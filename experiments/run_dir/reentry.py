@@ -96,6 +96,13 @@ def recorded(run_dir) -> bool:
         has_hparams(run_dir) or any((run_dir / "checkpoints").glob("ckpt-*.index")))
 
 
+def new_process_run() -> None:
+    """Forgets the decisions of `subdir`: a process that runs one job after another in the same run directory
+    (experiments/api.py) decides afresh for each, as a new process would."""
+    _subdirs.clear()
+    _named.clear()
+
+
 def subdir(output_dir) -> str:
     """Where Hydra saves this run's config, relative to its run directory (hydra.output_subdir):
     `.hydra` for a new run, `.hydra/reentry-<time>` on re-entry."""

@@ -1,0 +1,107 @@
+"""A run called from Python: `run(overrides, run_dir)` does what `python run.py <overrides> hydra.run.dir=<run_dir>`
+does, in this process, and returns the final metrics.
+
+    from tf_harness.experiments import api
+    api.run(["dataset=lfw_pairs", "experiment=smoke"], run_dir="runs/r")  # trains: {"accuracy": ..., ...}
+    api.run(["mode=evaluate"], run_dir="runs/r")  # evaluates its newest checkpoint again
+
+It composes conf/ with Hydra's compose API and runs the job as Hydra's command line runs a single one, so the run
+directory is the same (.hydra/, run.log, checkpoints, events, metrics.json), and below Hydra it shares the
+command line's one function, experiments/cli.py `job`: the re-entry resolution of a saved config, the schema check,
+then experiments/runner.py. Importing this module imports neither TensorFlow nor Hydra; a run starts TensorFlow as
+the command line does, once its config has passed the check.
+"""
+import contextlib
+import logging
+import signal
+
+from tf_harness.data.errors import ConfigError
+
+
+class RunConfigError(ConfigError):
+    """The run's config is wrong; the message is the line the command line prints (`config error: ...`), naming the
+    key and what is allowed. The command line exits 2 on it."""
+
+
+class RunFailed(RuntimeError):
+    """The run failed for another reason (its data, a non-finite loss, an unrestorable checkpoint, the disk); the
+    message is the line the command line prints (`error: ...`), and `status` its exit status (1)."""
+
+    def __init__(self, line, status=1):
+        super().__init__(line)
+        self.status = status
+
+
+def run(overrides=(), run_dir=None, actions=()) -> dict:
+    """Runs the mode `overrides` name (`key=value` strings, as on the command line) into `run_dir` (None: a new
+    folder under outputs/, as the command line makes one); `actions` (experiments/actions.py) are called after the
+    run's own. Returns the final metrics: the last evaluation's, with `global_step`. Raises RunConfigError on a
+    config error and RunFailed on another failure, each carrying the command line's line; an interrupt
+    (KeyboardInterrupt) saves what the run did, as on the command line."""
+    from tf_harness.experiments import cli
+
+    cli.setup()
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from tf_harness.experiments.run_dir import reentry
+
+    args = list(overrides) + ([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])
+    with _process_state_kept():
+        reentry.new_process_run()
+        refused = cli.before_hydra(args)
+        if refused:
+            raise RunFailed(refused)
+        try:
+            outcome = _run_job(reentry.with_saved_choices(args), actions)
+        except (HydraException, OmegaConfBaseException) as error:
+            raise RunConfigError(cli.config_error_line(error)) from None
+    if outcome.status == 2:
+        raise RunConfigError(outcome.error)
+    if outcome.status:
+        raise RunFailed(outcome.error, outcome.status)
+    return outcome.metrics
+
+
+def _run_job(args, actions):
+    """Composes the config of `args` and runs it as one Hydra job (what Hydra's `run` does for a command line's
+    single run: the run directory, its .hydra/ record and run.log, the callbacks); returns the job's Outcome."""
+    from hydra import compose, initialize_config_module
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext, RunMode
+
+    from tf_harness.experiments import cli
+
+    with initialize_config_module(config_module="tf_harness.conf", version_base="1.3", job_name="run"):
+        # A single run, as Hydra's command line marks one (a sweep's jobs are MULTIRUN).
+        composed = compose(config_name="config", overrides=[*args, f"hydra.mode={RunMode.RUN.name}"],
+                           return_hydra_config=True)
+        callbacks = Callbacks(composed)
+        callbacks.on_run_start(config=composed, config_name="config")
+        returned = run_job(hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(),
+                                                      callbacks=callbacks),
+                           task_function=lambda job_cfg: cli.job(cli.train_and_evaluate, job_cfg, actions),
+                           config=composed, job_dir_key="hydra.run.dir", job_subdir_key=None,
+                           configure_logging=True)
+        callbacks.on_run_end(config=composed, config_name="config", job_return=returned)
+        return returned.return_value  # raises what the job raised
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Gives the caller's process back as it was: the run installs its own SIGINT and SIGTERM handlers and Hydra
+    points the root logger at the run's run.log."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    root = logging.getLogger()
+    kept = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for handler in root.handlers:
+            if handler not in kept[0]:
+                handler.close()
+        root.handlers[:], root.level = kept

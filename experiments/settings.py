@@ -155,12 +155,13 @@ class Job:
         return self.sweep_dir is None
 
     @classmethod
-    def from_hydra(cls) -> "Job":
-        """The job Hydra runs now (its HydraConfig)."""
-        from hydra.core.hydra_config import HydraConfig
+    def from_hydra(cls, hydra=None) -> "Job":
+        """The job Hydra runs now (its HydraConfig), or the one `hydra`, Hydra's own settings, describe."""
         from hydra.types import RunMode
 
-        hydra = HydraConfig.get()
+        if hydra is None:
+            from hydra.core.hydra_config import HydraConfig
+            hydra = HydraConfig.get()
         job = cls(Path(hydra.runtime.output_dir), dict(hydra.runtime.choices))
         if hydra.mode != RunMode.MULTIRUN:
             return job

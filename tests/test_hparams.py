@@ -15,13 +15,16 @@ def hydra_config(sweep_dir, choices, task_overrides, params=None):
     sweep_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save({"hydra": {"overrides": {"task": task_overrides}}}, sweep_dir / "multirun.yaml")
     return OmegaConf.create({"mode": RunMode.MULTIRUN, "sweep": {"dir": str(sweep_dir)},
-                             "sweeper": {"params": params}, "runtime": {"choices": choices}})
+                             "sweeper": {"params": params}, "runtime": {"choices": choices, "output_dir": "."}})
+
+
+SINGLE = OmegaConf.create({"mode": RunMode.RUN, "runtime": {"choices": {}, "output_dir": "."}})  # a single run's
 
 
 def record(run_dir, task, cfg, hydra_cfg):
-    from tf_harness.experiments.settings import Settings
+    from tf_harness.experiments.settings import Job, Settings
     from tf_harness.experiments.summaries import Summaries
-    Summaries(str(run_dir)).hparams(Settings.from_config(cfg), task, hydra_cfg)
+    Summaries(str(run_dir)).hparams(Settings.from_config(cfg), task, Job.from_hydra(hydra_cfg))
     accumulator, _ = event_tags(run_dir)
     experiment = metadata.parse_experiment_plugin_data(
         accumulator.SummaryMetadata(metadata.EXPERIMENT_TAG).plugin_data.content)
@@ -80,7 +83,7 @@ def test_each_run_directory_is_its_own_session_under_a_short_trial_id_even_with_
 
 def test_a_single_run_s_trial_id_is_its_folder_name(tmp_path):
     run_dir = tmp_path / "2025-05-01" / "14-03-22_lfw_pairs_a1b2c3"
-    _, start = record(run_dir, "binary", compose("dataset=lfw_pairs"), OmegaConf.create({"mode": RunMode.RUN}))
+    _, start = record(run_dir, "binary", compose("dataset=lfw_pairs"), SINGLE)
     assert start.group_name == "14-03-22_lfw_pairs_a1b2c3"
 
 
@@ -99,7 +102,7 @@ def test_a_run_declares_only_the_metrics_its_dataset_writes(tmp_path, dataset, t
     """Parallel coordinates draws no line for a run without a value in a ticked column: a single-dataset sweep drew
     none while every run declared `auc/mean` and `top5_accuracy`."""
     experiment, _ = record(tmp_path / dataset, task, compose(f"dataset={dataset}"),
-                           OmegaConf.create({"mode": RunMode.RUN}))
+                           SINGLE)
     assert columns_of(experiment) == [("validation", tag, VALIDATION) for tag in own] + SHARED
     # TensorBoard ticks the first five metric columns: all of them.
     assert len(experiment.metric_infos) <= 5
@@ -134,7 +137,7 @@ def test_a_job_s_end_is_its_session_status_and_exit_status_and_the_last_job_s_co
     """The dashboard reads a run's first session-end record: a later job's replaces the earlier one's."""
     from tf_harness.experiments.hparams import EXIT_STATUS, SESSION_END, mark_session
     run_dir = tmp_path / "run"
-    record(run_dir, "binary", compose("dataset=lfw_pairs"), OmegaConf.create({"mode": RunMode.RUN}))
+    record(run_dir, "binary", compose("dataset=lfw_pairs"), SINGLE)
     (run_dir / "metrics.json").write_text('{"global_step": 4}')
     for status, expected in ((1, api_pb2.STATUS_FAILURE), (0, api_pb2.STATUS_SUCCESS)):
         mark_session(run_dir, status)
@@ -156,7 +159,7 @@ def test_a_job_s_end_is_its_session_status_and_exit_status_and_the_last_job_s_co
 
 def test_a_single_run_marks_nothing_as_swept(tmp_path):
     experiment, _ = record(tmp_path / "run", "binary", compose("dataset=lfw_pairs"),
-                           OmegaConf.create({"mode": RunMode.RUN}))
+                           SINGLE)
     assert not any(info.differs for info in experiment.hparam_infos)
 
 

@@ -6,7 +6,7 @@ one ``conf/dataset/<name>.yaml`` and one line in ``TASKS`` (docs/adding-a-datase
 import importlib
 from pathlib import Path
 
-from tf_harness.data import TASKS
+from tf_harness.data import TASKS, losses
 from tf_harness.data.images import Decode
 from tf_harness.data.spec import DatasetSpec
 
@@ -28,11 +28,15 @@ class Task:
             ``options`` of the class's line in ``TASKS``.
         DRAWS_TRAINING_RECORDS: whether `train_records` draws the training records (else the
             training table's rows are shuffled and repeated).
+        label_smoothing, positive_weights: the options of `loss` (data/losses.py), which the run's settings give
+            the Task (``trainer.label_smoothing``, ``trainer.class_weights``); neutral by default.
     """
 
     SPEC: DatasetSpec
     OPTIONS: tuple = ()
     DRAWS_TRAINING_RECORDS = False
+    label_smoothing: float = 0.0
+    positive_weights: tuple | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -65,6 +69,10 @@ class Task:
         """A graph function from one record (a dict of scalar tensors, one per table column) to
         ``(uint8 image or pair of images, label)``; no Python per example."""
         raise NotImplementedError
+
+    def loss(self, labels, logits, weights):
+        """The batch's weighted sum of per-example losses, a float32 scalar: the train and eval steps' loss."""
+        return losses.batch_loss(self.SPEC.task, labels, logits, weights, self.label_smoothing, self.positive_weights)
 
     def train_records(self, table, seed):
         """An endless stream of training records drawn in the graph (with DRAWS_TRAINING_RECORDS)."""

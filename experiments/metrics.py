@@ -1,22 +1,13 @@
-"""Losses and evaluation metrics per task.
+"""Evaluation metrics per task (the losses are data/losses.py's).
 
-Losses run in the graph, per example, so the step can weight and sum them.
 Metrics run on the host over a whole evaluation with scikit-learn, so that AUC
 is exact rather than a bucketed streaming estimate.
 """
 import numpy as np
-import tensorflow as tf
 from scipy.special import expit, softmax
 from sklearn.metrics import accuracy_score, roc_auc_score, top_k_accuracy_score
 
-
-def per_example_loss(task, labels, logits):
-    """Cross-entropy of each example: sigmoid per label, or softmax over classes."""
-    logits = tf.cast(logits, tf.float32)
-    if task == "multiclass":
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
-    labels = tf.reshape(tf.cast(labels, tf.float32), tf.shape(logits))
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits), axis=-1)
+from tf_harness.data.losses import per_example_loss  # noqa: F401  (re-exported)
 
 
 def probabilities(task, logits):

@@ -22,7 +22,7 @@ from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import export, metrics, recipes, review, sidecar, strategies, warm_start, xla_cache
+from tf_harness.experiments import class_weights, export, metrics, recipes, review, sidecar, strategies, warm_start, xla_cache
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
@@ -101,7 +101,7 @@ def run(settings: Settings):
     # Model: network, optimizer and global step ---------------------------------------------------------------
     # Built before the run directory holds anything of this run but Hydra's files and the lock, so that a model
     # this config cannot build, or a warm start none of whose variables fit it, is a config error leaving no folder.
-    trainer = Trainer(settings, task.SPEC, strategy, task.decode.size)
+    trainer = Trainer(settings, task.SPEC, strategy, task.decode.size, loss=task.loss)
     clock.lap("build")
     if not evaluator:
         warm_start.check_fit(settings, run_dir.checkpoint_dir, trainer.model)
@@ -112,6 +112,7 @@ def run(settings: Settings):
     if writes:
         skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
     check_skipped(tables, skipped, settings.dataset.max_skipped_fraction)  # after: its error points at skipped.csv
+    class_weights.prepare(settings, task, tables, model_dir, write=writes)  # trainer.class_weights
     # Event files where this process has events to write: a refused export or predict leaves the folder as it was.
     splits = ("train", "validation") if settings.mode in TRAINING_MODES else \
         ("validation",) if settings.mode in EVALUATING_MODES else ()

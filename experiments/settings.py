@@ -101,7 +101,8 @@ class Settings:
         return OmegaConf.to_yaml(OmegaConf.create(self.values.to_dict()))
 
     def task(self):
-        """The dataset's Task, with its decode settings and options."""
+        """The dataset's Task, with its decode settings, options and loss options (trainer.label_smoothing; the
+        positive weights of trainer.class_weights come from the training split: experiments/class_weights.py)."""
         from tf_harness.data import TASKS
         from tf_harness.data.images import Decode, image_size
 
@@ -109,7 +110,9 @@ class Settings:
         task_class = TASKS[settings.dataset.name]
         decode = Decode(image_size(settings.pipeline.image_size), settings.dataset.resize,
                         settings.dataset.crop_fraction)
-        return task_class(decode, settings.seed, **{key: settings.dataset[key] for key in task_class.OPTIONS})
+        task = task_class(decode, settings.seed, **{key: settings.dataset[key] for key in task_class.OPTIONS})
+        task.label_smoothing = float(settings.trainer.label_smoothing)
+        return task
 
     def tfrecords(self):
         """Where TFRecord shards are written and read (tfrecord.*)."""
@@ -131,9 +134,16 @@ class Settings:
                         settings.pipeline.service, float(settings.pipeline.image_table_mb))
 
     def preprocessing(self):
-        """The augmentation and normalisation of a batch (pipeline.augment, dataset.flip and normalize, seed)."""
+        """The augmentation and normalisation of a batch (pipeline.augment, random_resized_crop, mixup_alpha and
+        cutmix_alpha, dataset.flip and normalize, seed)."""
+        from tf_harness.data import TASKS
         from tf_harness.data.preprocessing import Preprocessing
 
         settings = self
-        return Preprocessing(bool(settings.pipeline.augment), bool(settings.dataset.flip), settings.dataset.normalize,
-                             settings.seed)
+        pipeline = settings.pipeline
+        crop = pipeline.random_resized_crop
+        return Preprocessing(bool(pipeline.augment), bool(settings.dataset.flip), settings.dataset.normalize,
+                             settings.seed, crop=None if crop is None else crop.to_dict(),
+                             mixup_alpha=pipeline.mixup_alpha, cutmix_alpha=pipeline.cutmix_alpha,
+                             classes=TASKS[settings.dataset.name].SPEC.num_outputs
+                             if pipeline.mixup_alpha or pipeline.cutmix_alpha else None)

@@ -10,6 +10,7 @@ wait for it is timed (input_wait_fraction): experiments/loop_input.py.
 """
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -18,8 +19,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_harness.data import losses
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import fine_tuning, graph_optimizer, metrics, optimizers, recipes
+from tf_harness.experiments import fine_tuning, graph_optimizer, optimizers, recipes
 from tf_harness.experiments.loop_input import LoopInput
 from tf_harness.models import BUILDERS
 
@@ -181,8 +183,11 @@ class Trainer:
     loss-scale optimizer skips overflowing scaled gradients itself, as it should.
     """
 
-    def __init__(self, settings, spec, strategy, image_size):
+    def __init__(self, settings, spec, strategy, image_size, loss=None):
+        """`loss(labels, logits, weights)`: a batch's weighted loss sum, the Task's `loss` (by default `spec`'s task's,
+        with no options)."""
         self.spec, self.strategy = spec, strategy
+        self.loss = loss or functools.partial(losses.batch_loss, spec.task)
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch_size = settings.pipeline.batch_size
         self.accumulate_steps = settings.trainer.accumulate_steps
@@ -272,10 +277,11 @@ class Trainer:
     def _gradients(self, step, features, labels, weights):
         """One batch's loss, logits (float32) and gradients (of the loss as the optimizer scales it)."""
         features = self.preprocess(features, training=True, step=step)
+        features, labels = self.preprocess.mix(features, labels, step)  # mixup, cutmix (off: as they were)
         with tf.GradientTape() as tape:
             logits = self.model(features, training=True)
             # Divide by the global batch, not the replica's: the all-reduce sums the replicas' gradients.
-            loss = tf.reduce_sum(metrics.per_example_loss(self.spec.task, labels, logits) * weights)
+            loss = self.loss(labels, logits, weights)
             loss = loss / self.global_batch_size
             if self.model.losses:
                 loss += tf.add_n(self.model.losses) / self.replicas
@@ -486,8 +492,7 @@ class Trainer:
     def _eval_step(self, features, labels, weights):
         def replica_step(features, labels, weights):
             logits = self.model(self.preprocess(features, training=False), training=False)
-            loss = tf.reduce_sum(metrics.per_example_loss(self.spec.task, labels, logits) * weights)
-            return loss, tf.cast(logits, tf.float32)
+            return self.loss(labels, logits, weights), tf.cast(logits, tf.float32)
 
         loss, logits = self.strategy.run(replica_step, args=self._per_replica((features, labels, weights)))
         return self.strategy.reduce("SUM", loss, axis=None), self._gather(logits)

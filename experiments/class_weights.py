@@ -1,4 +1,4 @@
-"""``trainer.class_weights: balanced``: the multi-label loss's positive weights, from the training split, kept in the run.
+"""``trainer.class_weights: balanced``: a multi-label loss's positive weights, from the training split, kept in the run.
 
 The first start of a run computes each label's negatives ÷ positives over the training split (data/losses.py
 `balanced_positive_weights`), logs them once and writes ``<run>/class_weights.json`` atomically. Every later start

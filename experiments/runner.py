@@ -22,7 +22,8 @@ from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import class_weights, export, metrics, recipes, review, sidecar, strategies, warm_start, xla_cache
+from tf_harness.experiments import (class_weights, export, heatmaps, metrics, recipes, review, sidecar, strategies,
+                                    warm_start, xla_cache)
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
@@ -199,7 +200,10 @@ class Controller:
         return values
 
     def predict(self):
-        self.evaluator.predict()
+        predictions = self.evaluator.predict()
+        if self.settings.heatmaps and predictions is not None:  # heatmaps=N: Grad-CAM of the N highest scores
+            with self.trainer.averaged():
+                heatmaps.write_top(self.task, self.trainer, predictions, self.settings.heatmaps, self.model_dir)
 
     def export(self):
         with self.trainer.averaged():  # trainer.ema_decay: the averaged weights are what is served

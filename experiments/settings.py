@@ -77,6 +77,7 @@ class Settings:
     tfrecord: Section
     values: Section  # the whole config, resolved: for the log, the HParams record and the input record
     checkpoint: str | int = "latest"  # which checkpoint mode=evaluate, predict and export restore
+    heatmaps: int = 0  # mode=predict: Grad-CAM overlays of this many highest scores (experiments/heatmaps.py)
 
     @classmethod
     def from_config(cls, cfg) -> "Settings":
@@ -85,7 +86,7 @@ class Settings:
         return cls(mode=values.mode, seed=int(values.seed), deterministic=bool(values.deterministic),
                    dataset=values.dataset, model=values.model, pipeline=values.pipeline, trainer=values.trainer,
                    strategy=values.strategy, tfrecord=values.get("tfrecord", Section({})), values=values,
-                   checkpoint=values.get("checkpoint", "latest"))
+                   checkpoint=values.get("checkpoint", "latest"), heatmaps=int(values.get("heatmaps", 0)))
 
     def select(self, key, default=_ABSENT):
         """The value at a dotted `key` (``pipeline.cache``, ``strategy``), or `default` when there is none."""

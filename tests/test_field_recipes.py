@@ -260,3 +260,33 @@ def test_predict_writes_heatmaps_and_evaluations_show_them(tmp_path):
     predictions = pd.read_csv(run / "predictions.csv")
     classes = [name for name in predictions.columns if name not in ("path", "label", "global_step")]
     assert index.score.min() >= np.sort(predictions[classes].to_numpy().ravel())[-3] - 1e-9
+
+
+@pytest.mark.slow  # trains a small semi-AlexNet on the chest sample for 250 steps: about 90 s on 2 cores
+def test_a_trained_models_heatmaps_fall_on_the_findings_patches(tmp_path):
+    """The sample's finding k brightens one square of the image (data/samples/chest_xray.py); the Grad-CAM peak of a
+    held-out image that has the finding lies on its square, or within one cell of the feature map around it, far more
+    often than a peak placed at random would."""
+    from tf_harness.data.samples.chest_xray import _GRID, _PATCH, FINDINGS, SIZE
+
+    run, size = tmp_path / "run", 128
+    common = ("dataset=chest_xray", "model=semi_alexnet", "model.filters=[16,32,32,32,32]", "model.dense_units=64",
+              f"pipeline.image_size={size}", "pipeline.cache=memory", "deterministic=true", f"hydra.run.dir={run}")
+    trained = run_cli(*common, "trainer.train_steps=250", "trainer.eval_every=250", "trainer.checkpoint_every=250")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    predicted = run_cli(*common, "mode=predict", "heatmaps=30")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    index = pd.read_csv(run / "heatmaps" / "index.csv")
+    labels = pd.read_csv(run / "predictions.csv").set_index("path")
+    scale, side = size / SIZE, _PATCH * size / SIZE
+    margin = size / 8  # one cell of the 8x8 feature map Grad-CAM weighs at 128 px (conv5 after three stride-2 steps)
+    on_patch = []
+    for row in index.itertuples():
+        if labels.loc[row.path, f"label/{row[3]}"] != 1:  # row[3]: the class column
+            continue
+        top, left = (value * scale for value in _GRID[FINDINGS.index(row[3])])
+        on_patch.append(top - margin <= row.peak_row < top + side + margin
+                        and left - margin <= row.peak_column < left + side + margin)
+    chance = ((side + 2 * margin) / size) ** 2  # a peak placed at random: 0.19
+    assert len(on_patch) >= 10
+    assert np.mean(on_patch) >= 2.5 * chance, (np.mean(on_patch), chance)

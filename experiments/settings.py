@@ -141,10 +141,9 @@ class Settings:
         from tf_harness.data.preprocessing import Preprocessing
 
         settings = self
-        pipeline = settings.pipeline
-        crop = pipeline.random_resized_crop
-        return Preprocessing(bool(pipeline.augment), bool(settings.dataset.flip), settings.dataset.normalize,
-                             settings.seed, crop=None if crop is None else crop.to_dict(),
-                             mixup_alpha=pipeline.mixup_alpha, cutmix_alpha=pipeline.cutmix_alpha,
-                             classes=TASKS[settings.dataset.name].SPEC.num_outputs
-                             if pipeline.mixup_alpha or pipeline.cutmix_alpha else None)
+        crop, mixup, cutmix = (settings.pipeline.random_resized_crop, settings.pipeline.mixup_alpha,
+                               settings.pipeline.cutmix_alpha)
+        return Preprocessing(bool(settings.pipeline.augment), bool(settings.dataset.flip), settings.dataset.normalize,
+                             settings.seed, crop=None if crop is None else crop.to_dict(), mixup_alpha=mixup,
+                             cutmix_alpha=cutmix,
+                             classes=TASKS[settings.dataset.name].SPEC.num_outputs if mixup or cutmix else None)

@@ -16,6 +16,7 @@ BRIGHTNESS_DELTA = 0.1 * 255
 # random_resized_crop's defaults, Inception's (Szegedy et al. 2015): a share of the image's area, and width ÷ height.
 CROP_SCALE, CROP_RATIO = (0.08, 1.0), (3 / 4, 4 / 3)
 CROP_ATTEMPTS = 10  # boxes drawn per image; the first that fits inside it is taken, else the whole image
+BETA_BISECTIONS = 24  # float32 has a 24-bit significand
 
 
 class Preprocessing:
@@ -81,30 +82,36 @@ class Preprocessing:
         alphas 0 it returns `features` and `labels` as they are. Seeded like `__call__`."""
         if not (self.mixup_alpha or self.cutmix_alpha):
             return features, labels
-        seeds = tf.random.experimental.stateless_split(self._seed(step, 2), 6)
+        seeds = tf.random.experimental.stateless_split(self._seed(step, 2), 4)
         targets = tf.one_hot(tf.cast(labels, tf.int32), self.classes) if labels.shape.rank == 1 else labels
         targets = tf.cast(targets, tf.float32)
         partner_images, partner_targets = tf.reverse(features, [0]), tf.reverse(targets, [0])
         mixed = []
         if self.mixup_alpha:
-            share = _beta(self.mixup_alpha, seeds[0], seeds[1])
+            share = beta(self.mixup_alpha, seeds[0])
             mixed.append((share * features + (1 - share) * partner_images, share))
         if self.cutmix_alpha:
-            inside = _cut_box(tf.shape(features), _beta(self.cutmix_alpha, seeds[2], seeds[3]), seeds[4])
+            inside = _cut_box(tf.shape(features), beta(self.cutmix_alpha, seeds[1]), seeds[2])
             share = 1 - tf.reduce_mean(tf.cast(inside, tf.float32))  # of the image that stays its own
             mixed.append((tf.where(inside, partner_images, features), share))
         (images, share), *other = mixed
         if other:
-            cut = tf.random.stateless_uniform([], seeds[5]) < 0.5
+            cut = tf.random.stateless_uniform([], seeds[3]) < 0.5
             images, share = tf.where(cut, other[0][0], images), tf.where(cut, other[0][1], share)
         return images, share * targets + (1 - share) * partner_targets
 
 
-def _beta(alpha, first, second):
-    """One Beta(alpha, alpha) draw from two stateless Gamma(alpha) draws: X / (X + Y)."""
-    x = tf.random.stateless_gamma([], first, alpha)
-    y = tf.random.stateless_gamma([], second, alpha)
-    return x / tf.maximum(x + y, 1e-12)
+def beta(alpha, seed, shape=()):
+    """Stateless Beta(alpha, alpha) draws: its inverse CDF (`tf.math.betainc`, by bisection to float32's resolution)
+    at uniform draws. Not X / (X + Y) of two Gamma(alpha) draws: stateless Gamma draws have no XLA kernel."""
+    uniform = tf.random.stateless_uniform(shape, seed)
+    alpha = tf.constant(alpha, tf.float32)
+    low, high = tf.zeros(shape), tf.ones(shape)
+    for _ in range(BETA_BISECTIONS):
+        middle = (low + high) / 2
+        below = tf.math.betainc(alpha, alpha, middle) < uniform
+        low, high = tf.where(below, middle, low), tf.where(below, high, middle)
+    return (low + high) / 2
 
 
 def _cut_box(shape, share, seed):
@@ -126,8 +133,9 @@ def random_resized_crop(images, seed, scale=CROP_SCALE, ratio=CROP_RATIO):
 
     Each image draws CROP_ATTEMPTS boxes, of a uniform share `scale` of its area and a log-uniform width ÷ height in
     `ratio`, and takes the first that fits, placed uniformly; else the whole image. The draws are vectorised over
-    the batch and the crop is one bilinear `crop_and_resize`, rather than `stateless_sample_distorted_bounding_box`
-    per image, which XLA cannot compile (the step's default on a GPU).
+    the batch and the crop is `crop_and_resize`'s bilinear sampling written with gathers, because neither
+    `stateless_sample_distorted_bounding_box` nor `crop_and_resize` has an XLA kernel (XLA compiles the step by
+    default on a GPU).
     """
     shape = tf.shape(images)
     batch, height, width = shape[0], tf.cast(shape[1], tf.float32), tf.cast(shape[2], tf.float32)
@@ -144,4 +152,25 @@ def random_resized_crop(images, seed, scale=CROP_SCALE, ratio=CROP_RATIO):
     place = tf.random.stateless_uniform([batch, 2], seeds[2])
     top, left = place[:, 0] * (1.0 - box_height), place[:, 1] * (1.0 - box_width)
     boxes = tf.stack([top, left, top + box_height, left + box_width], axis=1)
-    return tf.image.crop_and_resize(images, boxes, tf.range(batch), shape[1:3])
+    return crop_and_resize(images, boxes)
+
+
+def crop_and_resize(images, boxes):
+    """`tf.image.crop_and_resize(images, boxes, range(batch), (height, width))` with bilinear sampling, one box
+    per image, each resized to the images' own height and width; in gathers, which XLA compiles."""
+    shape = tf.shape(images)
+
+    def positions(low, high, size):
+        """Where each output row (or column) samples the image: two neighbours and the weight of the second."""
+        steps = tf.cast(tf.range(size), tf.float32) / tf.cast(tf.maximum(size - 1, 1), tf.float32)
+        last = tf.cast(size - 1, tf.float32)
+        at = (low[:, None] + steps[None, :] * (high - low)[:, None]) * last
+        before = tf.clip_by_value(tf.floor(at), 0.0, last)
+        return tf.cast(before, tf.int32), tf.cast(tf.minimum(before + 1, last), tf.int32), at - before
+
+    top, bottom, down = positions(boxes[:, 0], boxes[:, 2], shape[1])
+    left, right, across = positions(boxes[:, 1], boxes[:, 3], shape[2])
+    rows = (tf.gather(images, top, axis=1, batch_dims=1) * (1 - down)[:, :, None, None]
+            + tf.gather(images, bottom, axis=1, batch_dims=1) * down[:, :, None, None])
+    return (tf.gather(rows, left, axis=2, batch_dims=1) * (1 - across)[:, None, :, None]
+            + tf.gather(rows, right, axis=2, batch_dims=1) * across[:, None, :, None])

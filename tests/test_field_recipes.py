@@ -245,6 +245,7 @@ def test_an_overlay_is_rgb_of_the_image_size():
 SMALL_ALEXNET = ("model.filters=[8,16,16,16,16]", "model.dense_units=32")
 
 
+@pytest.mark.slow  # two runs: about 70 s on 2 busy cores
 def test_predict_writes_heatmaps_and_evaluations_show_them(tmp_path):
     run = tmp_path / "run"
     common = ("dataset=imagenet_det", "experiment=smoke", "pipeline.image_size=48", *SMALL_ALEXNET,
@@ -290,3 +291,39 @@ def test_a_trained_models_heatmaps_fall_on_the_findings_patches(tmp_path):
     chance = ((side + 2 * margin) / size) ** 2  # a peak placed at random: 0.19
     assert len(on_patch) >= 10
     assert np.mean(on_patch) >= 2.5 * chance, (np.mean(on_patch), chance)
+
+
+def test_the_mixing_share_is_beta_distributed():
+    from scipy import stats
+    from tf_harness.data.preprocessing import beta
+
+    for alpha in (0.2, 1.0, 4.0):
+        draws = beta(alpha, tf.constant([1, int(alpha * 10)], tf.int64), [4000]).numpy()
+        assert stats.kstest(draws, stats.beta(alpha, alpha).cdf).statistic < 0.03, alpha
+
+
+@pytest.mark.slow  # XLA compiles the Beta draw's bisection: about 25 s on 2 busy cores
+def test_the_crop_and_the_mixing_compile_with_xla():
+    """XLA compiles the train step by default on a GPU: the crop and the mixing are written in ops it has."""
+    preprocess = Preprocessing(True, True, "unit_range", 0, crop={}, mixup_alpha=0.2, cutmix_alpha=1.0, classes=4)
+    images, labels = tf.cast(_ramp(4, 16), tf.uint8), tf.constant([0, 1, 2, 3])
+
+    def step(number):
+        return preprocess.mix(preprocess(images, training=True, step=number), labels, number)
+
+    compiled = tf.function(step, jit_compile=True)
+    (images, targets), (again, _) = compiled(STEP), compiled(STEP)
+    # XLA draws other random numbers than the uncompiled step from the same seeds, the same each time.
+    np.testing.assert_array_equal(images.numpy(), again.numpy())
+    np.testing.assert_allclose(targets.numpy().sum(axis=1), 1, rtol=1e-6)
+    assert images.shape == (4, 16, 16, 1) and -1 <= images.numpy().min() < images.numpy().max() <= 1
+
+
+def test_the_crop_samples_as_tensorflows_crop_and_resize():
+    from tf_harness.data.preprocessing import crop_and_resize
+
+    images = tf.constant(np.random.default_rng(4).uniform(0, 255, (6, 17, 23, 3)), tf.float32)
+    corners = np.sort(np.random.default_rng(5).uniform(0, 1, (6, 2, 2)), axis=1)  # [image, low|high, y|x]
+    boxes = tf.constant(corners.reshape(6, 4)[:, [0, 1, 2, 3]], tf.float32)
+    expected = tf.image.crop_and_resize(images, boxes, tf.range(6), [17, 23])
+    np.testing.assert_allclose(crop_and_resize(images, boxes).numpy(), expected.numpy(), atol=1e-3)

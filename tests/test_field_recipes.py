@@ -327,3 +327,22 @@ def test_the_crop_samples_as_tensorflows_crop_and_resize():
     boxes = tf.constant(corners.reshape(6, 4)[:, [0, 1, 2, 3]], tf.float32)
     expected = tf.image.crop_and_resize(images, boxes, tf.range(6), [17, 23])
     np.testing.assert_allclose(crop_and_resize(images, boxes).numpy(), expected.numpy(), atol=1e-3)
+
+
+def test_an_evaluation_shows_the_first_validation_images_heatmaps(tmp_path):
+    from types import SimpleNamespace
+
+    from tf_harness.experiments.summaries import Summaries
+
+    images = {f"{k}.png": np.full((8, 8, 1), 40 * k, np.uint8) for k in range(5)}
+    task = SimpleNamespace(SPEC=SimpleNamespace(class_names=("bright", "dark")),
+                           read_image=lambda path: tf.constant(images[path.numpy().decode()]))
+    trainer = SimpleNamespace(model=_spot_model(), preprocess=Preprocessing(False, False, "unit_range", 0))
+    shown = heatmaps.ValidationHeatmaps(task, trainer, pd.DataFrame({"path": list(images)}))
+    summaries = Summaries(str(tmp_path), splits=("validation",))
+    summaries.heatmaps(shown.overlays, step=3)
+    summaries.close()
+    accumulator, tags = event_tags(tmp_path / "validation")
+    assert "heatmaps" in tags
+    event, = accumulator.Tensors("heatmaps")
+    assert event.step == 3 and len(event.tensor_proto.string_val) == 2 + heatmaps.SHOWN  # width, height, images

@@ -32,10 +32,12 @@ _POOLS = (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D)
 def feature_layer(model) -> keras.layers.Layer:
     """The model's last layer with a spatial output (batch, height, width, channels), pools left out: the finest
     map that every later layer only pools and weighs. Raises ValueError when the model has none at its top level
-    (a backbone nested as one layer)."""
+    after its last nested model (a backbone nested as one layer) or its input."""
     for layer in reversed(model.layers):
+        if isinstance(layer, (keras.Model, keras.layers.InputLayer)):
+            break
         output = getattr(layer, "output", None)
-        if not isinstance(layer, (keras.Model, *_POOLS)) and output is not None and len(output.shape) == 4:
+        if not isinstance(layer, _POOLS) and output is not None and len(output.shape) == 4:
             return layer
     raise ValueError(f"model {model.name} has no layer with a spatial output at its top level for Grad-CAM")
 

@@ -346,3 +346,21 @@ def test_an_evaluation_shows_the_first_validation_images_heatmaps(tmp_path):
     assert "heatmaps" in tags
     event, = accumulator.Tensors("heatmaps")
     assert event.step == 3 and len(event.tensor_proto.string_val) == 2 + heatmaps.SHOWN  # width, height, images
+
+
+def test_a_backbone_nested_as_one_layer_has_no_heatmaps_and_says_so(tmp_path):
+    from types import SimpleNamespace
+
+    from tf_harness.data.errors import ConfigError
+
+    inner = _spot_model()
+    images = keras.Input((8, 8, 1))
+    nested = keras.Model(images, inner(images))  # as a ResNet-v2 with model.pretrained holds its backbone
+    with pytest.raises(ValueError, match="no layer with a spatial output"):
+        heatmaps.GradCam(nested)
+    trainer = SimpleNamespace(model=nested, preprocess=Preprocessing(False, False, "unit_range", 0))
+    task = SimpleNamespace(SPEC=SimpleNamespace(class_names=("bright", "dark")))
+    assert heatmaps.ValidationHeatmaps(task, trainer, pd.DataFrame({"path": ["a.png"]})).overlays() is None
+    predictions = pd.DataFrame({"path": ["a.png"], "bright": [0.9], "dark": [0.1]})
+    with pytest.raises(ConfigError, match="heatmaps=1"):
+        heatmaps.write_top(task, trainer, predictions, 1, tmp_path)

@@ -23,7 +23,9 @@ the directory until it exits 0 and checks:
   shows both events; TF2's writers leave it no mark to purge the orphans by), so there the last
   event of each step must equal the reference's.
 - with --recipes, the runs train with a recipe set (RECIPES: the best checkpoint, early stopping, EMA weights
-  and gradient accumulation together, docs/training-loop.md#training-recipes), evaluating every 3 steps so that
+  and gradient accumulation together, docs/training-loop.md#training-recipes, and FIELD_RECIPES: the random
+  resized crop, and mixup, cutmix and label smoothing or the balanced loss where the dataset takes them,
+  docs/training-loop.md#recipes-of-the-field), evaluating every 3 steps so that
   they stop early at step 9, between two checkpoints; the final checkpoint's tensors then include the averages
   and the best evaluation's state, and best.json, the best checkpoint's tensors and metrics.json's
   `stopped_early` must equal the reference's too.
@@ -57,6 +59,13 @@ SMALL_ALEXNET = ("model.filters=[8,16,16,16,16]", "model.dense_units=32")  # dro
 # stops, after patience=2 evaluations without an improvement; checkpoints at 4 and 8, and 9 at the stop.
 RECIPES = ("trainer.eval_every=3", "trainer.keep_best=true", "trainer.early_stopping.patience=2",
            "trainer.early_stopping.min_delta=0.5", "trainer.ema_decay=0.9", "trainer.accumulate_steps=2")
+# And the field's recipes, each where it fits the dataset (experiments/schema.py FIELD_RECIPES): the random
+# resized crop everywhere, mixup, cutmix and label smoothing on the single-label dataset, the balanced loss on the
+# multi-label one.
+CROP = "pipeline.random_resized_crop={scale:[0.25,1]}"
+FIELD_RECIPES = {"lfw_pairs": (CROP,), "chest_xray": (CROP, "trainer.class_weights=balanced"),
+                 "imagenet_det": (CROP, "pipeline.mixup_alpha=0.2", "pipeline.cutmix_alpha=1.0",
+                                  "trainer.label_smoothing=0.1")}
 DATASETS = {
     "lfw_pairs": ("dataset=lfw_pairs", "pipeline.image_size=32", "model.widths=[8,16]", "model.embedding_size=16",
                   "model.head_units=8"),
@@ -230,13 +239,14 @@ def trial(dataset, fault, when, expected_dir, run_dir, extra=()):
 
 def run_trials(datasets, faults, trials, seed=0, work=None, log=print, recipes=False):
     """Runs `trials` trials per dataset and fault, round-robin (so a run cut short still covers each), with the
-    recipe set RECIPES when `recipes`; returns {(dataset, fault): (passed, run, failures, exit statuses)}."""
+    recipe sets RECIPES and FIELD_RECIPES when `recipes`; returns {(dataset, fault): (passed, run, failures,
+    exit statuses)}."""
     rng = random.Random(seed)
     work = Path(work or tempfile.mkdtemp(prefix="faults-"))
-    extra = RECIPES if recipes else ()
+    extras = {dataset: (*RECIPES, *FIELD_RECIPES[dataset]) if recipes else () for dataset in datasets}
     references = {}
     for dataset in datasets:
-        references[dataset] = reference(dataset, work, extra)
+        references[dataset] = reference(dataset, work, extras[dataset])
         log(f"{dataset}: reference run {references[dataset][1][-1][1]:.1f} s, "
             f"{len(references[dataset][1]) - 1} instants to draw from")
     counts = {(dataset, fault): (0, 0, [], []) for dataset in datasets for fault in faults}
@@ -246,7 +256,7 @@ def run_trials(datasets, faults, trials, seed=0, work=None, log=print, recipes=F
             for fault in faults:
                 when = instant(rng, anchors)
                 run_dir = work / dataset / f"{fault}-{number}"
-                status, problem = trial(dataset, fault, when, expected_dir, run_dir, extra)
+                status, problem = trial(dataset, fault, when, expected_dir, run_dir, extras[dataset])
                 where = f"{when[1]:.2f} s after line {when[0]}"
                 log(f"{dataset} {fault} #{number} {where}: exit {status}, {problem or 'ok'}")
                 passed, run, failures, statuses = counts[dataset, fault]
@@ -279,7 +289,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", help="where the run directories go (default: a new temporary folder)")
     parser.add_argument("--recipes", action="store_true", help="train with the recipe set RECIPES: the best "
-                        "checkpoint, early stopping, EMA weights and gradient accumulation")
+                        "checkpoint, early stopping, EMA weights and gradient accumulation; and FIELD_RECIPES: the "
+                        "random resized crop, mixup, cutmix, label smoothing or the balanced loss")
     args = parser.parse_args(argv)
     with record.recorded(NAME, argv, devices=False):  # TensorFlow runs in the trials' processes
         started = time.time()

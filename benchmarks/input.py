@@ -7,6 +7,7 @@
     python -m benchmarks input guard [--datasets ...] [--rounds 4] [--batches 8]
     python -m benchmarks input starvation [--datasets chest_xray] [--steps 10] [--model resnet_v2_152]
                                           [--batch-size 32] [--image-size 224]
+    python -m benchmarks input augment [--batch-size 64] [--image-size 224] [--rounds 3] [--seconds 2]
 
 Modes (`python -m benchmarks input MODE --help` for each one's options):
 
@@ -33,6 +34,11 @@ resize: the project's shrink (tf_harness.data.images.resize) against a plain bil
     (tests/fixtures/real/nih/images) unless --files says otherwise.
 guard: what the decode guard (data/integrity/unreadable.py) costs: the training records loaded by input_fn's
     per-record load, bare and guarded.
+augment: what the train step's augmentation costs (data/preprocessing.py), on one random uint8 RGB batch, traced
+    as the step traces it, a new step number each batch:
+    flips  flips and brightness (pipeline.augment), the default
+    crop   flips, brightness and pipeline.random_resized_crop at its defaults (scale [0.08, 1], ratio [3/4, 4/3])
+    mix    crop, then pipeline.mixup_alpha=0.2 and cutmix_alpha=1.0 (each batch takes one of them)
 starvation: does the real pipeline hold a real model's training step back? The Trainer fed by the real
     pipeline and by one cached batch repeated, in alternating blocks (see benchmarks/input_starvation.py).
 
@@ -61,7 +67,7 @@ from benchmarks.measure import CORES, Source
 # `--help` answers without it.
 
 NAME = "input"
-MODES = ("throughput", "resize", "guard", "starvation")
+MODES = ("throughput", "resize", "guard", "starvation", "augment")
 REAL_NIH = data_api.ROOT / "tests" / "fixtures" / "real" / "nih" / "images" / "*.png"
 log = logging.getLogger("benchmarks.input")
 
@@ -230,6 +236,54 @@ def guard(args):
 
 
 # ---------------------------------------------------------------------------------------------
+# augment: the train step's augmentation alone
+
+AUGMENT_ROWS = {
+    "flips": ("flips and brightness (pipeline.augment)", {}),
+    "crop": ("flips, brightness and random_resized_crop (defaults)", {"crop": {}}),
+    "mix": ("crop, then mixup 0.2 or cutmix 1.0", {"crop": {}, "mixup_alpha": 0.2, "cutmix_alpha": 1.0}),
+}
+
+
+def augment(args):
+    """The rows of AUGMENT_ROWS in paired rounds, per image size."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_harness.data.preprocessing import Preprocessing
+
+    for image_size in args.image_size:
+        size = image_size or 224
+        images = tf.constant(np.random.default_rng(0).integers(0, 256, (args.batch_size, size, size, 3), np.uint8))
+        labels = tf.zeros([args.batch_size], tf.int32)
+        sources = [Source(key, title, None, augment_start(Preprocessing(True, True, "unit_range", 0, classes=1000,
+                                                                         **options), images, labels),
+                          images_per_batch=args.batch_size)
+                   for key, (title, options) in AUGMENT_ROWS.items()]
+        before = measure.load_average()
+        measure.run_interleaved(sources, args.seconds, args.rounds, batches=args.batches)
+        input_report.print_against(
+            f"augmentation of a {args.batch_size}x{size}x{size}x3 uint8 batch, traced; {args.rounds} paired rounds; "
+            f"load average (1 min) {before:.2f} before, {measure.load_average():.2f} after", sources, "flips")
+    return 0
+
+
+def augment_start(preprocess, images, labels):
+    """A start() whose batches are `preprocess` (and its `mix`) of `images`, at step 0, 1, 2, ..."""
+    import itertools
+
+    import tensorflow as tf
+
+    @tf.function
+    def step(number):
+        features, _ = preprocess.mix(preprocess(images, training=True, step=number), labels, number)
+        return tf.reduce_sum(features)  # one value back, so the host's copy costs nothing beside the work
+
+    steps = itertools.count()
+    return lambda: measure.Stream(lambda: step(tf.constant(next(steps), tf.int64)).numpy())
+
+
+# ---------------------------------------------------------------------------------------------
 # The command line
 
 
@@ -276,6 +330,10 @@ def parser():
         elif mode == "guard":
             add_data(sub, ",".join(data_api.DATASETS), 64, "default")
             add_rounds(sub, 4, 1.0, 8)
+        elif mode == "augment":
+            sub.add_argument("--batch-size", type=int, default=64)
+            sub.add_argument("--image-size", type=image_sizes, default="224", help="comma-separated square sizes")
+            add_rounds(sub, 3, 2.0)
         else:
             input_starvation.add_arguments(sub, add_data)
     return top
@@ -287,7 +345,8 @@ def main(argv=None):
     full = argv if argv[:1] and (argv[0] in MODES or argv[0] in ("-h", "--help")) else ["throughput", *argv]
     args = parser().parse_args(full)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    run = {"throughput": throughput, "resize": resize, "guard": guard, "starvation": input_starvation.run}
+    run = {"throughput": throughput, "resize": resize, "guard": guard, "starvation": input_starvation.run,
+           "augment": augment}
     with record.recorded(NAME, argv):
         status = run[args.mode](args)
     print(f"command: {measure.command(NAME, argv)}")

@@ -28,11 +28,15 @@ class Task:
             ``options`` of the class's line in ``TASKS``.
         DRAWS_TRAINING_RECORDS: whether `train_records` draws the training records (else the
             training table's rows are shuffled and repeated).
+        label_smoothing, positive_weights: the options of `loss` (data/losses.py), which the run's settings give
+            the Task (``trainer.label_smoothing``, ``trainer.class_weights``); neutral by default.
     """
 
     SPEC: DatasetSpec
     OPTIONS: tuple = ()
     DRAWS_TRAINING_RECORDS = False
+    label_smoothing: float = 0.0
+    positive_weights: tuple | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -73,8 +77,9 @@ class Task:
     def loss(self, labels, logits, weights):
         """The batch's weighted sum of per-example losses, a float32 scalar, in the graph: the train step divides it
         by the global batch size, the evaluation sums it. The default is the task type's cross-entropy
-        (data/losses.py); a dataset with a loss of its own overrides this."""
-        return losses.weighted_sum(self.SPEC.task, labels, logits, weights)
+        (data/losses.py) with the Task's `label_smoothing` and `positive_weights`; a dataset with a loss of its own
+        overrides this."""
+        return losses.batch_loss(self.SPEC.task, labels, logits, weights, self.label_smoothing, self.positive_weights)
 
     def protocol_metrics(self, table, scores) -> dict:
         """Evaluation numbers the dataset's official protocol defines, from a whole split's scores."""

@@ -15,7 +15,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
 from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
-from tf_harness.experiments import metrics, metrics_history
+from tf_harness.experiments import heatmaps, metrics, metrics_history
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.summaries import evaluated_step, write_metrics
 
@@ -43,6 +43,12 @@ class Evaluator:
         self.rows = sample_rows(tables[self.split], eval_steps, seed)
         self._data = None
         self.last_values = {}  # the last evaluation's metrics
+        self._shown = None  # experiments/heatmaps.py's ValidationHeatmaps, made at the first evaluation
+
+    def _heatmaps(self):
+        if self._shown is None:
+            self._shown = heatmaps.ValidationHeatmaps(self.task, self.trainer, self.tables[self.split])
+        return self._shown
 
     def _outputs(self, data, rows):
         """Logits of the `rows` examples `data` holds (a split, or a partial evaluation's sample of it), in table
@@ -96,6 +102,7 @@ class Evaluator:
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)
             self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
+            self.summaries.heatmaps(self._heatmaps().overlays, step)  # a few validation images' Grad-CAM
             record = {**values, "global_step": step, "examples": count, "split_examples": len(table)}
             if self.write:  # before metrics.json: a kill between the two redoes the evaluation, losing no line
                 metrics_history.append(self.model_dir, record)
@@ -127,7 +134,8 @@ class Evaluator:
     def predict(self):
         """Writes predictions.csv, one row per example (with trainer.ema_decay, from the averaged weights): the image
         path(s), a probability per class, the true label(s) where the split has them (`label`, or `label/<class>`
-        per class for multi-label), and the checkpoint's `global_step`."""
+        per class for multi-label), and the checkpoint's `global_step`. Returns its table (None on a process that
+        does not write)."""
         split = "test" if "test" in self.tables else self.split
         table = self.tables[split]
         # Every worker takes part: the steps are collective.
@@ -135,7 +143,7 @@ class Evaluator:
             logits, _, counted = self._outputs(self.input_fn(split), len(table))
         self.note_unreadable()
         if not self.write:
-            return
+            return None
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
         scores[~counted] = np.nan  # damaged files that were not checked up front have no prediction
         columns = [table[path_columns(table)].reset_index(drop=True),
@@ -147,6 +155,7 @@ class Evaluator:
         predictions.to_csv(self.model_dir / "predictions.csv", index=False)
         log.info("Wrote %d predictions for the %s split at global step %d to %s", len(predictions), split,
                  self.trainer.step, self.model_dir / "predictions.csv")
+        return predictions
 
 
 def label_columns(labels, class_names):

@@ -21,7 +21,8 @@ from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import actions, export, recipes, review, sidecar, strategies, warm_start, xla_cache
+from tf_harness.experiments import (actions, class_weights, export, heatmaps, recipes, review, sidecar, strategies,
+                                    warm_start, xla_cache)
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
@@ -112,6 +113,7 @@ def run(settings: Settings, job: Job, actions=()):
     if writes:
         skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
     check_skipped(tables, skipped, settings.dataset.max_skipped_fraction)  # after: its error points at skipped.csv
+    class_weights.prepare(settings, task, tables, model_dir, write=writes)  # trainer.class_weights
     # Event files where this process has events to write: a refused export or predict leaves the folder as it was.
     splits = ("train", "validation") if settings.mode in TRAINING_MODES else \
         ("validation",) if settings.mode in EVALUATING_MODES else ()
@@ -204,7 +206,10 @@ class Controller:
         return values
 
     def predict(self):
-        self.evaluator.predict()
+        predictions = self.evaluator.predict()
+        if self.settings.heatmaps and predictions is not None:  # heatmaps=N: Grad-CAM of the N highest scores
+            with self.trainer.averaged():
+                heatmaps.write_top(self.task, self.trainer, predictions, self.settings.heatmaps, self.model_dir)
 
     def export(self):
         with self.trainer.averaged():  # trainer.ema_decay: the averaged weights are what is served

@@ -141,6 +141,22 @@ def _is_service_address(value):
 
 SERVICE = _with_null(Key("grpc://host:port (a port in 1..65535)", _is_service_address), "decode locally")
 
+
+
+def _range(value, low, high, low_open=False) -> bool:
+    """`value` is [low', high'] with low' <= high', both finite and within `low`..`high`."""
+    return (isinstance(value, list) and len(value) == 2 and all(_is_number(item) for item in value)
+            and value[0] <= value[1] and (value[0] > low if low_open else value[0] >= low) and value[1] <= high)
+
+
+# data/preprocessing.py `random_resized_crop`: a share of the area, and width / height.
+CROP = _with_null(Key("{scale: [low, high], ratio: [low, high]} (either may be left out) with 0 < low <= high <= 1 "
+                      "for scale and 0 < low <= high for ratio",
+                      lambda value: isinstance(value, dict) and set(value) <= {"scale", "ratio"}
+                      and all(value[part] is None or _range(value[part], 0, limit, low_open=True)
+                              for part, limit in (("scale", 1), ("ratio", math.inf)) if part in value)),
+                  "no crop")
+
 IMAGE_SIZE = Key("an integer >= 1 (a square side) or [height, width]",
                  lambda value: integer(1).accepts(value) or integers(1, length=2).accepts(value))
 
@@ -168,6 +184,7 @@ STRATEGY_KEYS = {"auto": {}, "one_device": {}, "mirrored": {"strategy.logical_cp
 KEYS = {
     "mode": one_of(*MODES),
     "checkpoint": CHECKPOINT,
+    "heatmaps": integer(0),
     "seed": integer(0, 2**32 - 1),
     "deterministic": FLAG,
 
@@ -178,6 +195,9 @@ KEYS = {
     "pipeline.source": one_of("files", "tfrecord"),
     "pipeline.dtype": one_of("float32", "float16", "bfloat16"),
     "pipeline.augment": FLAG,
+    "pipeline.random_resized_crop": CROP,
+    "pipeline.mixup_alpha": number(0),
+    "pipeline.cutmix_alpha": number(0),
     "pipeline.shuffle_buffer": integer(1, null="as many as pipeline.shuffle_mb holds"),
     "pipeline.shuffle_mb": number(0, low_open=True),
     "pipeline.verify_images": FLAG,
@@ -209,6 +229,8 @@ KEYS = {
     "trainer.objective": one_of("last", "best"),
     "trainer.ema_decay": number(0, 1, high_open=True, null="no moving average"),
     "trainer.profile_steps": PROFILE_STEPS,
+    "trainer.label_smoothing": number(0, 1, high_open=True),
+    "trainer.class_weights": _with_null(one_of("balanced"), "every example weighs 1"),
     "trainer.optimizer": one_of("adam", "adamw", "sgd"),
     "trainer.learning_rate": number(0, low_open=True),
     "trainer.momentum": number(0, 1, high_open=True),
@@ -414,12 +436,37 @@ def _recipes(cfg) -> str | None:
         return (f"checkpoint={choice} is not a global step the run reaches: it takes latest, best or a step in "
                 f"0..{cfg.trainer.train_steps} (trainer.train_steps)")
     metric, kind = cfg.trainer.best_metric, getattr(TASKS.entries[cfg.dataset.name], "task", None)
+    field = _field_recipes(cfg, kind)
+    if field:
+        return field
     if metric is not None and kind in TASK_METRICS:
         written = ("loss", *TASK_METRICS[kind])
         if metric not in written and not (kind == "multilabel" and metric.startswith("auc/")):
             per_class = "|auc/<class>" if kind == "multilabel" else ""
             return (f"trainer.best_metric={metric} is not a metric dataset={cfg.dataset.name} writes at every "
                     f"evaluation; it writes {'|'.join(written)}{per_class}")
+    return None
+
+
+# The recipes that fit one kind of task only (SPEC.task), and why (docs/training-loop.md#recipes-of-the-field).
+FIELD_RECIPES = {"trainer.label_smoothing": ("multiclass", "it smooths a softmax over classes"),
+                 "pipeline.mixup_alpha": ("multiclass", "it mixes one-class labels into class distributions"),
+                 "pipeline.cutmix_alpha": ("multiclass", "it mixes one-class labels into class distributions"),
+                 "trainer.class_weights": ("multilabel", "it weighs each label's positives in a sigmoid loss")}
+
+
+def _field_recipes(cfg, kind) -> str | None:
+    """The field's recipes (losses, mixing, heatmaps) against the dataset's kind of task and the mode."""
+    for key, (wanted, why) in FIELD_RECIPES.items():
+        value = OmegaConf.select(cfg, key)
+        if value and kind is not None and kind != wanted:
+            return (f"{key}={show(value)} is for {wanted} datasets ({why}); dataset={cfg.dataset.name} is {kind} "
+                    f"(use {key}={'null' if isinstance(value, str) else 0})")
+    if cfg.heatmaps and cfg.mode != "predict":
+        return f"heatmaps={cfg.heatmaps} is for mode=predict; mode={cfg.mode} writes none (use heatmaps=0)"
+    if cfg.heatmaps and dataset_inputs(cfg.dataset.name) != "single":
+        return (f"heatmaps={cfg.heatmaps} is for datasets of single images; dataset={cfg.dataset.name} gives "
+                f"{dataset_inputs(cfg.dataset.name)} images (use heatmaps=0)")
     return None
 
 

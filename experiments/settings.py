@@ -77,6 +77,7 @@ class Settings:
     tfrecord: Section
     values: Section  # the whole config, resolved: for the log, the HParams record and the input record
     checkpoint: str | int = "latest"  # which checkpoint mode=evaluate, predict and export restore
+    heatmaps: int = 0  # mode=predict: Grad-CAM overlays of this many highest scores (experiments/heatmaps.py)
 
     @classmethod
     def from_config(cls, cfg) -> "Settings":
@@ -85,7 +86,7 @@ class Settings:
         return cls(mode=values.mode, seed=int(values.seed), deterministic=bool(values.deterministic),
                    dataset=values.dataset, model=values.model, pipeline=values.pipeline, trainer=values.trainer,
                    strategy=values.strategy, tfrecord=values.get("tfrecord", Section({})), values=values,
-                   checkpoint=values.get("checkpoint", "latest"))
+                   checkpoint=values.get("checkpoint", "latest"), heatmaps=int(values.get("heatmaps", 0)))
 
     def select(self, key, default=_ABSENT):
         """The value at a dotted `key` (``pipeline.cache``, ``strategy``), or `default` when there is none."""
@@ -101,7 +102,8 @@ class Settings:
         return OmegaConf.to_yaml(OmegaConf.create(self.values.to_dict()))
 
     def task(self):
-        """The dataset's Task, with its decode settings and options."""
+        """The dataset's Task, with its decode settings, options and loss options (trainer.label_smoothing; the
+        positive weights of trainer.class_weights come from the training split: experiments/class_weights.py)."""
         from tf_harness.data import TASKS
         from tf_harness.data.images import Decode, image_size
 
@@ -109,7 +111,9 @@ class Settings:
         task_class = TASKS[settings.dataset.name]
         decode = Decode(image_size(settings.pipeline.image_size), settings.dataset.resize,
                         settings.dataset.crop_fraction)
-        return task_class(decode, settings.seed, **{key: settings.dataset[key] for key in task_class.OPTIONS})
+        task = task_class(decode, settings.seed, **{key: settings.dataset[key] for key in task_class.OPTIONS})
+        task.label_smoothing = float(settings.trainer.label_smoothing)
+        return task
 
     def tfrecords(self):
         """Where TFRecord shards are written and read (tfrecord.*)."""
@@ -131,12 +135,18 @@ class Settings:
                         settings.pipeline.service, float(settings.pipeline.image_table_mb))
 
     def preprocessing(self):
-        """The augmentation and normalisation of a batch (pipeline.augment, dataset.flip and normalize, seed)."""
+        """The augmentation and normalisation of a batch (pipeline.augment, random_resized_crop, mixup_alpha and
+        cutmix_alpha, dataset.flip and normalize, seed)."""
+        from tf_harness.data import TASKS
         from tf_harness.data.preprocessing import Preprocessing
 
         settings = self
+        crop, mixup, cutmix = (settings.pipeline.random_resized_crop, settings.pipeline.mixup_alpha,
+                               settings.pipeline.cutmix_alpha)
         return Preprocessing(bool(settings.pipeline.augment), bool(settings.dataset.flip), settings.dataset.normalize,
-                             settings.seed)
+                             settings.seed, crop=None if crop is None else crop.to_dict(), mixup_alpha=mixup,
+                             cutmix_alpha=cutmix,
+                             classes=TASKS[settings.dataset.name].SPEC.num_outputs if mixup or cutmix else None)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,17 @@ class Summaries:
                 review.write_evaluation(spec, labels, probabilities, step)
             self.writers["validation"].flush()
 
+    def heatmaps(self, overlays, step):
+        """Image summary `heatmaps` under validation/ of what `overlays()` gives: (uint8 overlays, a line naming
+        each), or None."""
+        shown = overlays() if self.enabled else None
+        if shown is not None:
+            images, description = shown
+            with self.writers["validation"].as_default(step=step):
+                tf.summary.image("heatmaps", images, step=step, max_outputs=len(images),
+                                 description=f"Grad-CAM of the class scored highest: {description}")
+            self.writers["validation"].flush()
+
     def hparams(self, settings, task, job):
         """Records the run's hyper-parameters for TensorBoard's HParams dashboard (experiments/hparams.py), once
         per run directory: a re-entry (resume, evaluate, predict) runs the saved config, already recorded."""

@@ -190,7 +190,7 @@ class Trainer:
         """`loss`: the Task's `loss` (data/task.py), which the train and eval steps call; None: spec.task's default
         (data/losses.py)."""
         self.spec, self.strategy = spec, strategy
-        self.loss = loss or functools.partial(losses.weighted_sum, spec.task)
+        self.loss = loss or functools.partial(losses.batch_loss, spec.task)
         self.replicas = strategy.num_replicas_in_sync
         self.global_batch_size = settings.pipeline.batch_size
         self.accumulate_steps = settings.trainer.accumulate_steps
@@ -277,6 +277,7 @@ class Trainer:
         """
         # Augmentation and normalisation: the dataset's Preprocessing stage (data/preprocessing.py).
         features = self.preprocess(features, training=True, step=step)
+        features, labels = self.preprocess.mix(features, labels, step)  # mixup, cutmix (off: as they were)
         with tf.GradientTape() as tape:
             logits = self.model(features, training=True)
             # The Task's loss (data/task.py `Task.loss`), summed over the batch. Divided by the global batch, not the

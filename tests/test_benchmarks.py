@@ -294,6 +294,13 @@ def test_input_guard_runs_both_loads(capsys):
     against_rows(out, ["plain", "guarded"], "plain")
 
 
+def test_input_augment_runs_the_flips_the_crop_and_the_mixing(capsys):
+    out = run_benchmark(capsys, "input", "augment", "--image-size", "16", "--batch-size", "4", "--rounds", "1",
+                        "--batches", "1")
+    assert "augmentation of a 4x16x16x3 uint8 batch, traced; 1 paired rounds" in out
+    against_rows(out, ["flips", "crop", "mix"], "flips")
+
+
 def test_service_runs_the_local_row(capsys):
     out = run_benchmark(capsys, "service", "--workers", "0", "--rounds", "1", "--seconds", "0.1", "--batch-size", "4",
                         "--image-size", "16")

@@ -181,7 +181,8 @@ def test_runs_stopped_at_random_instants_resume_exactly(tmp_path):
 
 @pytest.mark.slow  # 1 reference run and 2 trials, each one or two runs
 def test_runs_with_the_recipe_set_stopped_at_random_instants_resume_exactly(tmp_path):
-    """The best checkpoint, early stopping, EMA weights and gradient accumulation together (faults.RECIPES)."""
+    """The best checkpoint, early stopping, EMA weights, gradient accumulation and the random resized crop together
+    (faults.RECIPES and FIELD_RECIPES)."""
     faults = _fault_script()
     counts = faults.run_trials(["lfw_pairs"], ["SIGTERM", "SIGKILL"], trials=1, seed=2, work=tmp_path, recipes=True)
     failures = [failure for _, _, failed, _ in counts.values() for failure in failed]

@@ -16,7 +16,16 @@ CASES = {
     "chest_xray": ("dataset=chest_xray", "pipeline.image_size=32"),
     # Loops of 2, cut at the checkpoints every 3 steps: loops of 2, 1, 2, 1.
     "lfw_pairs, trainer.fetch_ahead=true": ("dataset=lfw_pairs", "pipeline.image_size=32", "trainer.steps_per_loop=2"),
+    # The field's recipes: drawn by the step in the train step, or read from the run's class_weights.json on resume.
+    "imagenet_det, the field's recipes": ("dataset=imagenet_det", "pipeline.image_size=64",
+                                          "pipeline.random_resized_crop={scale:[0.25,1]}", "pipeline.mixup_alpha=0.2",
+                                          "pipeline.cutmix_alpha=1.0", "trainer.label_smoothing=0.1"),
+    "chest_xray, trainer.class_weights=balanced": ("dataset=chest_xray", "model=semi_alexnet", "pipeline.image_size=32",
+                                                   "trainer.class_weights=balanced",
+                                                   "pipeline.random_resized_crop={scale:[0.25,1]}"),
 }
+# The cases that train semi-AlexNet, whose dropout is the one random layer.
+DROPOUT = {"imagenet_det", "imagenet_det, the field's recipes", "chest_xray, trainer.class_weights=balanced"}
 # The stopped and resumed runs only: a batch fetched ahead past a loop's last step would shift their batches
 # against the unbroken run's, which fetches each in turn.
 STOPPED_ONLY = {"lfw_pairs, trainer.fetch_ahead=true": ("trainer.fetch_ahead=true",)}
@@ -40,6 +49,6 @@ def test_a_resumed_run_ends_with_the_weights_of_an_unbroken_one(tmp_path, datase
             assert result.returncode == 0, result.stderr[-3000:]
     expected, resumed = _final_weights(straight), _final_weights(stopped)
     assert set(expected) == set(resumed) and any(name.startswith("random_state/") for name in expected) == (
-        dataset == "imagenet_det")  # semi-AlexNet's dropout is the one random layer
+        dataset in DROPOUT)
     different = [name for name in expected if not np.array_equal(expected[name], resumed[name])]
     assert not different, different

@@ -1,0 +1,153 @@
+"""Grad-CAM heatmaps (Selvaraju et al. 2017): where in an image a model's score for a class comes from.
+
+The heatmap of (image, class) is the model's last spatial feature map (`feature_layer`), each channel weighted by
+the mean gradient of the class's logit with respect to it, summed, kept positive, scaled to [0, 1] and resized to
+the image. `mode=predict heatmaps=N` writes overlays of the N (example, class) pairs of the highest scores
+(`write_top`); each evaluation shows a fixed few validation images' overlays in TensorBoard (`ValidationHeatmaps`).
+Datasets of single images only: experiments/schema.py refuses heatmaps for pairs.
+"""
+import logging
+import re
+from pathlib import Path
+
+import keras
+import matplotlib
+import numpy as np
+import pandas as pd
+import tensorflow as tf
+from PIL import Image
+
+from tf_harness.data.errors import ConfigError
+from tf_harness.data.integrity.atomic_file import replacing
+
+log = logging.getLogger(__name__)
+
+FOLDER = "heatmaps"
+INDEX = "index.csv"  # heatmaps/index.csv: one row per overlay written
+SHOWN = 3  # validation examples whose heatmaps each evaluation shows
+OPACITY = 0.45  # of the heatmap's colours over the image
+_POOLS = (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D)
+
+
+def feature_layer(model) -> keras.layers.Layer:
+    """The model's last layer with a spatial output (batch, height, width, channels), pools left out: the finest
+    map that every later layer only pools and weighs. Raises ValueError when the model has none at its top level
+    after its last nested model (a backbone nested as one layer) or its input."""
+    for layer in reversed(model.layers):
+        if isinstance(layer, (keras.Model, keras.layers.InputLayer)):
+            break
+        output = getattr(layer, "output", None)
+        if not isinstance(layer, _POOLS) and output is not None and len(output.shape) == 4:
+            return layer
+    raise ValueError(f"model {model.name} has no layer with a spatial output at its top level for Grad-CAM")
+
+
+class GradCam:
+    """Grad-CAM of one Keras model (float images in, logits out)."""
+
+    def __init__(self, model):
+        self.layer = feature_layer(model)
+        self.model = keras.Model(model.inputs, [self.layer.output, model.output])
+
+    def __call__(self, images, classes) -> np.ndarray:
+        """Heatmaps [batch, height, width] in [0, 1] of each image of the float batch `images` (as the model takes
+        them) for its class in `classes`; all zeros where no feature raises the class's logit."""
+        images = tf.convert_to_tensor(images, tf.float32)
+        with tf.GradientTape() as tape:
+            maps, logits = self.model(images, training=False)
+            maps = tf.cast(maps, tf.float32)
+            scores = tf.gather(tf.cast(logits, tf.float32), tf.constant(classes, tf.int32), batch_dims=1)
+        gradients = tape.gradient(scores, maps)
+        weights = tf.reduce_mean(gradients, axis=[1, 2], keepdims=True)
+        cams = tf.nn.relu(tf.reduce_sum(maps * weights, axis=-1, keepdims=True))
+        cams = cams / tf.maximum(tf.reduce_max(cams, axis=[1, 2, 3], keepdims=True), 1e-12)
+        return tf.image.resize(cams, tf.shape(images)[1:3])[..., 0].numpy()
+
+
+def overlay(image, heatmap) -> np.ndarray:
+    """uint8 RGB [height, width, 3]: `image` (uint8, gray or RGB) under the heatmap's colours (matplotlib's jet)."""
+    image = np.asarray(image, np.float32)
+    rgb = np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image[..., :3]
+    colours = matplotlib.colormaps["jet"](np.asarray(heatmap))[..., :3] * 255
+    return np.clip((1 - OPACITY) * rgb + OPACITY * colours, 0, 255).astype(np.uint8)
+
+
+def _images(task, paths):
+    """The uint8 images of `paths`, decoded and resized as the pipeline does."""
+    return np.stack([task.read_image(tf.constant(str(path))).numpy() for path in paths])
+
+
+def _name(text) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
+def top_pairs(predictions, class_names, count) -> list:
+    """The `count` (row, class index) pairs of the highest scores in a predictions.csv table; rows without a
+    prediction (NaN) left out."""
+    scores = predictions[list(class_names)].to_numpy(np.float64)
+    scores = np.where(np.isnan(scores), -np.inf, scores)
+    order = np.argsort(-scores, axis=None, kind="stable")[:count]
+    return [divmod(int(flat), len(class_names)) for flat in order if np.isfinite(scores.flat[flat])]
+
+
+def write_top(task, trainer, predictions, count, model_dir, batch_size=16) -> Path:
+    """Writes ``heatmaps/<image>_<class>.png`` for the `count` (example, class) pairs of the highest scores in
+    `predictions` (predictions.csv's table), and ``heatmaps/index.csv``: each overlay's image path, class, score
+    and the heatmap's peak (row, column) in the model's input pixels. Returns the folder."""
+    folder = Path(model_dir) / FOLDER
+    folder.mkdir(exist_ok=True)
+    names = list(task.SPEC.class_names)
+    pairs = top_pairs(predictions, names, count)
+    try:
+        cam, rows = GradCam(trainer.model), []
+    except ValueError as error:
+        raise ConfigError(f"heatmaps={count}: {error}") from None
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start:start + batch_size]
+        paths = [predictions.path.iloc[row] for row, _ in chunk]
+        images = _images(task, paths)
+        heatmaps = cam(trainer.preprocess(images, training=False), [k for _, k in chunk])
+        for (row, k), path, image, heatmap in zip(chunk, paths, images, heatmaps):
+            file = folder / f"{_name(Path(path).stem)}_{_name(names[k])}.png"
+            with replacing(file, "wb") as f:
+                Image.fromarray(overlay(image, heatmap)).save(f, format="PNG")
+            peak = np.unravel_index(int(np.argmax(heatmap)), heatmap.shape)
+            rows.append({"file": file.name, "path": path, "class": names[k],
+                         "score": float(predictions[names[k]].iloc[row]), "peak_row": int(peak[0]),
+                         "peak_column": int(peak[1]), "height": heatmap.shape[0], "width": heatmap.shape[1]})
+    with replacing(folder / INDEX) as f:
+        pd.DataFrame(rows, columns=["file", "path", "class", "score", "peak_row", "peak_column", "height",
+                                    "width"]).to_csv(f, index=False)
+    log.info("heatmaps=%d: wrote %d Grad-CAM overlay(s) of the highest scores to %s", count, len(rows), folder)
+    return folder
+
+
+class ValidationHeatmaps:
+    """The heatmaps an evaluation shows in TensorBoard: the first SHOWN validation examples, each for the class the
+    model scores highest then; their images are read once."""
+
+    def __init__(self, task, trainer, table):
+        self.task, self.trainer = task, trainer
+        self.paths = table.path.tolist()[:SHOWN] if "path" in table else []
+        self._images = self._cam = None
+
+    def overlays(self):
+        """(uint8 overlays [n, height, width, 3], a line naming each one's class), or None when there is none."""
+        if not self.paths:
+            return None
+        if self._images is None:
+            try:
+                self._cam = GradCam(self.trainer.model)
+            except ValueError as error:
+                log.info("No heatmaps in TensorBoard: %s", error)
+                self.paths = []
+                return None
+            self._images = _images(self.task, self.paths)
+        features = self.trainer.preprocess(self._images, training=False)
+        logits = self.trainer.model(features, training=False)
+        classes = np.argmax(np.asarray(logits), axis=-1)
+        heatmaps = self._cam(features, classes)
+        names = self.task.SPEC.class_names
+        shown = "; ".join(f"{i + 1}: {Path(path).name}, {names[k]}" for i, (path, k) in
+                          enumerate(zip(self.paths, classes)))
+        return np.stack([overlay(image, heatmap) for image, heatmap in zip(self._images, heatmaps)]), shown

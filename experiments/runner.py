@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tf_harness.data import service
+from tf_harness.data import TASKS, service
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import input_fn
 from tf_harness.data.integrity import unreadable
@@ -162,7 +162,9 @@ class Controller:
         self.evaluator = Evaluator(task, trainer, tables, summaries, self.model_dir,
                                    batch_size=settings.pipeline.batch_size, eval_steps=settings.trainer.eval_steps,
                                    seed=pipeline.seed, input_fn=self._eval_input, note_unreadable=self.note_unreadable,
-                                   write=run_dir.chief, beside=sidecar.wanted(settings))
+                                   write=run_dir.chief, beside=sidecar.wanted(settings),
+                                   chosen=settings.checkpoint if settings.mode == "evaluate" else None,
+                                   bootstrap=settings.bootstrap, unit=TASKS.entries[task.SPEC.name].unit)
         self.note_unreadable()  # what an earlier life of this run found
         self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
 
@@ -186,6 +188,11 @@ class Controller:
     def restore(self):
         """Restores the checkpoint that `checkpoint=latest|best|<step>` names (evaluate, predict, export): by
         default the run's newest restorable one."""
+        split = self.settings.split
+        if split is not None and split not in self.tables:  # the dataset has one, but not in this copy of it
+            raise ConfigError(f"split={split}: dataset={self.spec.name} has no {split} split under "
+                              f"{self.settings.dataset.root or 'its sample'} (its test split is "
+                              f"{TASKS.entries[self.spec.name].test}: docs/datasets.md)")
         self.restored = recipes.chosen_checkpoint(self.settings.checkpoint, self.run_dir, self.settings.mode)
         self.trainer.checkpoint().restore(self.restored).expect_partial()
         log.info("Restored %s (global step %d)", self.restored, self.trainer.step)
@@ -193,12 +200,14 @@ class Controller:
     def evaluate(self):
         """Evaluates the trainer's weights; in a training run, also counts the evaluation for the best checkpoint
         and early stopping (experiments/recipes.py)."""
+        if self.settings.split == "test":  # mode=evaluate split=test: metrics_test.json, nothing for training
+            return self.evaluator.evaluate("test")
         values = self.evaluator.evaluate()
         self.recipes.evaluated(values, self.trainer.step)
         return values
 
     def predict(self):
-        self.evaluator.predict()
+        self.evaluator.predict(self.settings.split)
 
     def export(self):
         with self.trainer.averaged():  # trainer.ema_decay: the averaged weights are what is served

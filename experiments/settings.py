@@ -77,6 +77,8 @@ class Settings:
     tfrecord: Section
     values: Section  # the whole config, resolved: for the log, the HParams record and the input record
     checkpoint: str | int = "latest"  # which checkpoint mode=evaluate, predict and export restore
+    split: str | None = None  # which split mode=evaluate and predict read (None: the mode's own)
+    bootstrap: int = 0  # evaluation.bootstrap: resamples behind each interval of metrics_test.json
 
     @classmethod
     def from_config(cls, cfg) -> "Settings":
@@ -85,7 +87,8 @@ class Settings:
         return cls(mode=values.mode, seed=int(values.seed), deterministic=bool(values.deterministic),
                    dataset=values.dataset, model=values.model, pipeline=values.pipeline, trainer=values.trainer,
                    strategy=values.strategy, tfrecord=values.get("tfrecord", Section({})), values=values,
-                   checkpoint=values.get("checkpoint", "latest"))
+                   checkpoint=values.get("checkpoint", "latest"), split=values.get("split"),
+                   bootstrap=int(values.get("evaluation", Section({})).get("bootstrap", 0)))
 
     def select(self, key, default=_ABSENT):
         """The value at a dotted `key` (``pipeline.cache``, ``strategy``), or `default` when there is none."""

@@ -89,10 +89,10 @@ def evaluated_step(model_dir):
     return None
 
 
-def write_metrics(model_dir, values: dict):
-    """Writes metrics.json atomically, so a reader never sees half a file. The temporary file is this process's
-    own: a sidecar evaluator writes metrics.json beside the trainer."""
-    path = os.path.join(model_dir, "metrics.json")
+def write_metrics(model_dir, values: dict, name="metrics.json"):
+    """Writes metrics.json (or `name` beside it: metrics_test.json, say) atomically, so a reader never sees half a
+    file. The temporary file is this process's own: a sidecar evaluator writes metrics.json beside the trainer."""
+    path = os.path.join(model_dir, name)
     clean = {key: (None if isinstance(value, float) and math.isnan(value) else value) for key, value in values.items()}
     with replacing(path) as f:
         json.dump(clean, f, indent=2, sort_keys=True)

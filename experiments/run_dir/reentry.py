@@ -55,7 +55,8 @@ SAVED = Path(".hydra") / "config.yaml"
 RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eval_steps", "trainer.eval_timeout",
                "trainer.checkpoint_every", "trainer.log_every", "trainer.steps_per_loop", "trainer.fetch_ahead",
                "trainer.jit_compile", "trainer.graph_optimizer", "trainer.profile_steps", "dataset.root",
-               "pipeline.source", "pipeline.cache", "pipeline.service", "pipeline.service_timeout", "checkpoint")
+               "pipeline.source", "pipeline.cache", "pipeline.service", "pipeline.service_timeout", "checkpoint",
+               "split", "evaluation.bootstrap")
 # May change in these modes only: the checkpoint does not depend on them, but training's saved input
 # iterator depends on the batch size, and training holds the evaluation pairs' people out.
 EVALUATION_KEYS = ("pipeline.batch_size", "dataset.eval_pairs", "dataset.fold")

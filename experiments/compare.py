@@ -3,7 +3,7 @@
 Reads each run's predictions.csv (mode=predict: `python run.py hydra.run.dir=<run> mode=predict split=test`) and
 scores both on the examples they share, which must be the same: the same dataset, split and examples (paths, in
 order, and labels), or it refuses in one line, exit 2. Rows without a score in either run (a damaged file) are
-left out of both. For each metric of experiments/metrics.py `scored` it prints A, B, B - A, the difference's 95%
+left out of both. For each metric of experiments/metrics.py `scored` it prints A, B, B - A, the difference's
 interval and a two-sided p-value: from a paired bootstrap that resamples the dataset's unit (its patients for
 chest X-rays; an example otherwise) for both runs at once (experiments/intervals.py), or, for a binary task's
 `auc`, from DeLong's test.

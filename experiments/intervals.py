@@ -118,7 +118,7 @@ def paired(task, class_names, labels, scores_a, scores_b, units, resamples, seed
 
 def delong(labels, scores_a, scores_b):
     """DeLong's test of two correlated ROC AUCs on the same examples (DeLong et al. 1988, in the fast form of
-    Sun and Xu 2014): (AUC B - AUC A, its 95% interval, the two-sided p-value)."""
+    Sun and Xu 2014): (AUC B - AUC A, its interval at LEVEL, the two-sided p-value)."""
     labels = np.asarray(labels).reshape(-1).astype(bool)
     positives, negatives = labels.sum(), (~labels).sum()
     if not positives or not negatives:

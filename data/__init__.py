@@ -30,8 +30,10 @@ class Dataset(Entry):
 
 # One line per dataset: its config name (conf/dataset/<name>.yaml), its Task class and what it declares.
 TASKS = Registry({
-    "chest_xray": Dataset("tf_harness.data.chest_xray:ChestXray", inputs="single", options=("validation_fraction",),
-                          task="multilabel", test="the images test_list.txt names", unit="patient_id"),
+    "chest_xray": Dataset("tf_harness.data.chest_xray:ChestXray", inputs="single",
+                          options=("validation_fraction", "test_fraction"), task="multilabel",
+                          test="the images test_list.txt names, or dataset.test_fraction of the patients",
+                          unit="patient_id"),
     "imagenet_det": Dataset("tf_harness.data.imagenet_det:ImagenetDet", inputs="single", task="multiclass"),
     "lfw_pairs": Dataset("tf_harness.data.lfw_pairs:LfwPairs", inputs="pair", options=("eval_pairs", "fold"),
                          task="binary", test="View 2: pairs.txt's ten folds"),

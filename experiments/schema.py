@@ -247,6 +247,7 @@ KEYS = {
 # (TASKS in data/__init__.py, BUILDERS in models/__init__.py).
 OPTION_KEYS = {
     "dataset.validation_fraction": number(0, 1, low_open=True, high_open=True),
+    "dataset.test_fraction": number(0, 1, high_open=True),
     "dataset.eval_pairs": one_of("dev_test", "pairs"),
     "dataset.fold": integer(0, 9, null="all ten folds"),
 

@@ -318,8 +318,8 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
         else:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False, force_add=True)
     # Keys added to the harness since the run was saved take today's defaults.
-    from tf_harness.experiments.schema import KEYS
-    for key in KEYS:
+    from tf_harness.experiments.schema import KEYS, OPTION_KEYS
+    for key in (*KEYS, *OPTION_KEYS):  # a dataset's or model's own keys too (dataset.test_fraction, say)
         if value_of(merged, key) is _ABSENT and value_of(cfg, key) is not _ABSENT:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False, force_add=True)
     return merged, None

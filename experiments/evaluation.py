@@ -6,7 +6,6 @@ evaluator, and predicts for mode=predict, through one `Evaluator`. metrics.json 
 evaluation, which a resumed run reads: an evaluation of the test split, or mode=evaluate of a checkpoint older than
 the one metrics.json holds, is written beside it (`BESIDE`) and never replaces it.
 """
-import json
 import logging
 import time
 
@@ -20,7 +19,7 @@ from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
 from tf_harness.experiments import intervals, metrics, metrics_history
 from tf_harness.experiments.run_dir import blocking, interrupts
-from tf_harness.experiments.summaries import evaluated_step, write_metrics
+from tf_harness.experiments.summaries import evaluated_record, write_metrics
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +110,8 @@ class Evaluator:
             self.summaries.scalars("validation", values, step)
             self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
             record = {**values, "global_step": step, "examples": count, "split_examples": len(table)}
-            later = evaluated_step(self.model_dir) if self.write and (self.beside or self.chosen) else None
+            held = evaluated_record(self.model_dir) if self.write and (self.beside or self.chosen) else None
+            later = held["global_step"] if held else None
             if self.chosen and later is not None and later > step:  # mode=evaluate of an older checkpoint
                 write_metrics(self.model_dir, {**record, "checkpoint": self.chosen}, BESIDE[self.split])
                 log.info("metrics.json holds the training run's evaluation of global step %d and is left as it is; "
@@ -122,7 +122,8 @@ class Evaluator:
                     log.info("metrics.json holds the evaluation of a later global step (%d) and is left as it is; "
                              "this one is in validation/, metrics.jsonl and this log", later)
                 else:
-                    write_metrics(self.model_dir, {**record, **(self._kept(step) if self.chosen else {})})
+                    kept = {key: held[key] for key in KEPT if key in held} if self.chosen and later == step else {}
+                    write_metrics(self.model_dir, {**record, **kept})
         self.last_values = values
         if self.eval_steps is not None:
             log.info("Evaluated %d of %d %s examples (%s)", count, len(table), self.split, self._sample_note())
@@ -130,16 +131,6 @@ class Evaluator:
         log.info("Evaluation at global step %d on %d examples: loss %.4f, %s %.4f", step, count, values["loss"],
                  headline, values.get(headline, float("nan")))
         return values
-
-    def _kept(self, step) -> dict:
-        """What the training run added to metrics.json's record (`KEPT`) where it is the evaluation of `step`."""
-        try:
-            held = json.loads((self.model_dir / "metrics.json").read_text())
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(held, dict) or held.get("global_step") != step:
-            return {}
-        return {key: held[key] for key in KEPT if key in held}
 
     def _evaluate_whole(self, split) -> dict:
         """Evaluates the whole of `split` and writes its record, with each metric's interval, to `BESIDE[split]`;

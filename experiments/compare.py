@@ -87,6 +87,8 @@ def paired_examples(run_a, run_b, split):
                       f"{a.loc[row, described[0]]} in one and {b.loc[row, described[0]]} in the other; another "
                       f"root or example list?")
     scored = a[class_names].notna().all(axis=1) & b[class_names].notna().all(axis=1)
+    if not scored.any():
+        raise Refused(f"{run_a} and {run_b} share no example that both runs scored")
     a, b = a[scored], b[scored]
     units = a[entry.unit].to_numpy() if entry.unit in a else np.arange(len(a))
     return (dataset_a, entry, class_names, a[labels].to_numpy(), a[class_names].to_numpy(), b[class_names].to_numpy(),

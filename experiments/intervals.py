@@ -111,9 +111,9 @@ def percentile_interval(values):
 
 
 def intervals(task, class_names, labels, scores, units, resamples, seed) -> dict:
-    """`<metric>/ci95: [low, high]` for each of `scored`'s metrics, from `resamples` resamples of the units
-    (None: examples) seeded with `seed`; {} with no resamples."""
-    if not resamples:
+    """`<metric>/ci95: [low, high]` for each of `scored`'s metrics, from `resamples` resamples of the `units`
+    seeded with `seed`; {} with no resamples or no examples."""
+    if not resamples or not len(units):
         return {}
     drawn = _all_replicates(task, class_names, labels, scores, units, resamples, seed)
     return {f"{name}/ci95": percentile_interval(values) for name, values in drawn.items()}

@@ -17,20 +17,26 @@ class Dataset(Entry):
     """A dataset's line: its Task class (``"module:Class"``), ``inputs`` (``single`` or ``pair``: what an example
     is, the Task's ``SPEC.paired``), ``options`` (the Task's OPTIONS: the ``dataset.*`` keys its constructor
     takes besides the decode settings) and ``task`` (``SPEC.task``: which metrics an evaluation writes, for the
-    check of trainer.best_metric; None: checked once TensorFlow runs)."""
+    check of trainer.best_metric; None: checked once TensorFlow runs), ``test`` (what its test split is, for
+    `split=test`; None: it has none) and ``unit`` (the table column holding the unit its examples are drawn in,
+    which a bootstrap resamples together, e.g. a patient's images; None: each example)."""
 
     task: str = None
+    test: str = None
+    unit: str = None
 
 
 # The datasets ---------------------------------------------------------------------------------------
 
 # One line per dataset: its config name (conf/dataset/<name>.yaml), its Task class and what it declares.
 TASKS = Registry({
-    "chest_xray": Dataset("tf_harness.data.chest_xray:ChestXray", inputs="single", options=("validation_fraction",),
-                          task="multilabel"),
+    "chest_xray": Dataset("tf_harness.data.chest_xray:ChestXray", inputs="single",
+                          options=("validation_fraction", "test_fraction"), task="multilabel",
+                          test="the images test_list.txt names, or dataset.test_fraction of the patients",
+                          unit="patient_id"),
     "imagenet_det": Dataset("tf_harness.data.imagenet_det:ImagenetDet", inputs="single", task="multiclass"),
     "lfw_pairs": Dataset("tf_harness.data.lfw_pairs:LfwPairs", inputs="pair", options=("eval_pairs", "fold"),
-                         task="binary"),
+                         task="binary", test="View 2: pairs.txt's ten folds"),
 })
 
 

@@ -196,7 +196,8 @@ def _read_list(path: Path, fix: str) -> set:
     return {line.strip() for line in read_text(path, fix).splitlines() if line.strip()}
 
 
-def split(table: pd.DataFrame, root: Path, validation_fraction: float, seed: int, skipped) -> dict:
+def split(table: pd.DataFrame, root: Path, validation_fraction: float, seed: int, skipped,
+          test_fraction: float = 0.0) -> dict:
     """Official lists where present, else a patient-wise split; no patient is in two splits.
 
     With train_val_list.txt and test_list.txt, each image goes to the split its list names; one in
@@ -204,7 +205,8 @@ def split(table: pd.DataFrame, root: Path, validation_fraction: float, seed: int
     another split. With one list alone, the images not in it are the other split, as the release's
     lists are each other's complement, and a warning says so: without the other list, an image lost
     from a list cut short cannot be told from one of the other split. Without either list,
-    `validation_fraction` of the patients go to validation.
+    `test_fraction` of the patients are held out as the test split (none by default), and
+    `validation_fraction` of the others go to validation.
 
     Raises:
         DatasetError: an image is in both lists (the release's lists are disjoint, so these are not its
@@ -245,6 +247,10 @@ def split(table: pd.DataFrame, root: Path, validation_fraction: float, seed: int
             raise DatasetError(f"all {len(table)} indexed images are in {paths[1]}, the test list, so there is nothing "
                                f"to train on; {_restore(TRAIN_VAL_LIST)} beside it, or remove {TEST_LIST} to split "
                                f"patient-wise")
+    elif test_fraction:
+        held_out = GroupShuffleSplit(n_splits=1, test_size=test_fraction, random_state=seed)
+        train_val_rows, test_rows = next(held_out.split(table, groups=table.patient_id))
+        train_val, test = table.iloc[train_val_rows], table.iloc[test_rows]
     else:
         train_val, test = table, table.iloc[:0]
     splitter = GroupShuffleSplit(n_splits=1, test_size=validation_fraction, random_state=seed)
@@ -294,7 +300,8 @@ class ChestXray(Task):
         table = table[~missing]
         if table.empty:
             raise DatasetError(f"none of the images listed in {csv_path} are under {root}")
-        return split(table, root, self.options["validation_fraction"], self.seed, skipped)
+        return split(table, root, self.options["validation_fraction"], self.seed, skipped,
+                     self.options["test_fraction"])
 
     def load(self, record):
         """Reads one X-ray as a single-channel uint8 image (RGBA files included) and its multi-hot label."""

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import tensorflow as tf
+from scipy.optimize import brentq
 from sklearn.metrics import roc_curve
 
 from tf_harness.data.errors import ConfigError, DatasetError
@@ -143,6 +144,36 @@ def best_threshold(scores, labels) -> float:
     return thresholds[np.argmax(correct)]
 
 
+def _with_paths(pairs, files, folder, skipped) -> pd.DataFrame:
+    """`pairs` with path_a and path_b from `files`; a pair naming a missing image is skipped."""
+    pairs = pairs.copy()
+    pairs["path_a"] = [files.get(key) for key in zip(pairs.name_a, pairs.number_a)]
+    pairs["path_b"] = [files.get(key) for key in zip(pairs.name_b, pairs.number_b)]
+    missing = pairs.path_a.isna() | pairs.path_b.isna()
+    for pair in pairs[missing].itertuples():
+        name, number = (pair.name_a, pair.number_a) if pd.isna(pair.path_a) else (pair.name_b, pair.number_b)
+        skipped.add(folder / name / f"{name}_{number:04d}.jpg", f"missing image: {pair.file} line {pair.line}")
+    return pairs[~missing].reset_index(drop=True)
+
+
+# The false accept rates at which verification reports the true accept rate.
+FARS = {"tar_at_far_1e-2": 1e-2, "tar_at_far_1e-3": 1e-3}
+
+
+def verification_rates(labels, scores) -> dict:
+    """A fold's `eer` (the equal error rate: where the false accept rate equals the false reject rate, on the
+    ROC curve interpolated linearly) and `tar_at_far_1e-2`/`1e-3` (the highest true accept rate at a false accept
+    rate at most that); NaN where the fold lacks same or different pairs."""
+    labels, scores = np.asarray(labels).reshape(-1), np.asarray(scores, np.float64).reshape(-1)
+    if labels.min(initial=1) == labels.max(initial=0):
+        return {"eer": float("nan"), **{name: float("nan") for name in FARS}}
+    false_accept, true_accept, _ = roc_curve(labels, scores, drop_intermediate=False)
+    gap = lambda rate: 1 - rate - np.interp(rate, false_accept, true_accept)  # noqa: E731  FRR - FAR at FAR `rate`
+    eer = 0.0 if gap(0.0) <= 0 else brentq(gap, 0.0, 1.0, xtol=1e-12)
+    return {"eer": float(eer),
+            **{name: float(true_accept[false_accept <= far].max()) for name, far in FARS.items()}}
+
+
 class LfwPairs(Task):
     """LFW face verification; options: ``eval_pairs`` (dev_test|pairs) and ``fold``."""
 
@@ -162,14 +193,9 @@ class LfwPairs(Task):
         files = list_images(folder)
         if not files:
             raise DatasetError(f"no <Name>/<Name>_NNNN.jpg images in {folder}")
-        pairs = evaluation_pairs(self.options["eval_pairs"], self.options["fold"], root, folder)
-        pairs["path_a"] = [files.get(key) for key in zip(pairs.name_a, pairs.number_a)]
-        pairs["path_b"] = [files.get(key) for key in zip(pairs.name_b, pairs.number_b)]
-        missing = pairs.path_a.isna() | pairs.path_b.isna()
-        for pair in pairs[missing].itertuples():
-            name, number = (pair.name_a, pair.number_a) if pd.isna(pair.path_a) else (pair.name_b, pair.number_b)
-            skipped.add(folder / name / f"{name}_{number:04d}.jpg", f"missing image: {pair.file} line {pair.line}")
-        validation = pairs[~missing].reset_index(drop=True)
+        which, fold = self.options["eval_pairs"], self.options["fold"]
+        pairs = evaluation_pairs(which, fold, root, folder)
+        validation = _with_paths(pairs, files, folder, skipped)
 
         # Everyone named by the evaluation pairs, skipped lines included, stays out of training.
         held_out = set(pairs.name_a) | set(pairs.name_b)
@@ -177,7 +203,19 @@ class LfwPairs(Task):
                              columns=["person", "path"])
         log.info("LFW images from %s: %d training people (%d images); %d evaluation pairs of %d people",
                  folder, train.person.nunique(), len(train), len(validation), len(held_out))
-        return {"train": train, "validation": validation[["path_a", "path_b", "label", "fold", "name_a", "name_b"]]}
+        columns = ["path_a", "path_b", "label", "fold", "name_a", "name_b"]
+        tables = {"train": train, "validation": validation[columns]}
+        if any((place / EVAL_PAIRS["pairs"]).is_file() for place in (root, folder.parent, folder)):
+            # The test split: View 2, all ten folds, as the protocol reports it.
+            test = validation if (which, fold) == ("pairs", None) else \
+                _with_paths(evaluation_pairs("pairs", None, root, folder), files, folder, skipped)
+            seen = (set(test.name_a) | set(test.name_b)) & set(train.person)
+            if seen:
+                log.info("%d of the %d people of View 2 (pairs.txt, the test split) are among the training people "
+                         "(dataset.eval_pairs=%s holds out only its own); training with dataset.eval_pairs=pairs "
+                         "holds them all out", len(seen), len(set(test.name_a) | set(test.name_b)), which)
+            tables["test"] = test[columns]
+        return tables
 
     @staticmethod
     def training_images(table) -> pd.DataFrame:
@@ -272,19 +310,26 @@ class LfwPairs(Task):
         return faces, tf.expand_dims(tf.cast(record["label"], tf.float32), -1)
 
     def protocol_metrics(self, table, scores) -> dict:
-        """LFW's 10-fold protocol: per fold, the threshold is chosen on the other folds.
+        """LFW's protocol, per fold: the verification rates (`verification_rates`) of each fold, and the accuracy
+        at the threshold chosen on the other folds.
 
-        Returns the mean and standard deviation (ddof=1, as the LFW README defines
-        it) of the ten test-fold accuracies; empty when the table has one fold.
+        With several folds, each rate is their mean, with `<rate>/std` beside it, and the accuracies' mean and
+        standard deviation are `ten_fold_accuracy_mean`/`_std` (ddof=1, as the LFW README defines it); with one
+        fold, its rates.
         """
         folds, labels, scores = table.fold.to_numpy(), table.label.to_numpy(), np.asarray(scores).reshape(-1)
-        if len(np.unique(folds)) < 2:
-            return {}
+        rates = pd.DataFrame([verification_rates(labels[folds == fold], scores[folds == fold])
+                              for fold in np.unique(folds)])
+        if len(rates) < 2:
+            return {name: float(value) for name, value in rates.iloc[0].items()} if len(rates) else {}
+        found = {}
+        for name in rates:
+            found[name], found[f"{name}/std"] = float(rates[name].mean()), float(rates[name].std(ddof=1))
         accuracies = []
         for fold in np.unique(folds):
             test = folds == fold
             threshold = best_threshold(scores[~test], labels[~test])
             accuracies.append(np.mean((scores[test] >= threshold) == labels[test]))
         prefix = "ten_fold" if len(accuracies) == 10 else f"{len(accuracies)}_fold"
-        return {f"{prefix}_accuracy_mean": float(np.mean(accuracies)),
+        return {**found, f"{prefix}_accuracy_mean": float(np.mean(accuracies)),
                 f"{prefix}_accuracy_std": float(np.std(accuracies, ddof=1))}

@@ -2,7 +2,9 @@
 summaries (metrics.json, and every evaluation in metrics.jsonl: experiments/metrics_history.py), and predictions.csv.
 
 The runner's controller (experiments/runner.py) evaluates on its interval, for mode=evaluate and for the sidecar
-evaluator, and predicts for mode=predict, through one `Evaluator`.
+evaluator, and predicts for mode=predict, through one `Evaluator`. metrics.json is the training run's last
+evaluation, which a resumed run reads: an evaluation of the test split, or mode=evaluate of a checkpoint older than
+the one metrics.json holds, is written beside it (`BESIDE`) and never replaces it.
 """
 import logging
 import time
@@ -15,11 +17,17 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
 from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
-from tf_harness.experiments import heatmaps, metrics, metrics_history
+from tf_harness.experiments import heatmaps, intervals, metrics, metrics_history
 from tf_harness.experiments.run_dir import blocking, interrupts
-from tf_harness.experiments.summaries import evaluated_step, write_metrics
+from tf_harness.experiments.summaries import evaluated_record, write_metrics
 
 log = logging.getLogger(__name__)
+
+# Where mode=evaluate writes an evaluation that must not replace metrics.json, by split.
+BESIDE = {"test": "metrics_test.json", "validation": "metrics_validation.json"}
+# What a training run adds to its last evaluation's record (experiments/recipes.py): an evaluation of the same
+# step by mode=evaluate keeps them.
+KEPT = ("stopped_early", "best_global_step", "best_value")
 
 
 class Evaluator:
@@ -29,15 +37,19 @@ class Evaluator:
     evaluation, so a run that never evaluates never builds it. `note_unreadable()` lists in skipped.csv the
     files a pass found unreadable. `write` is false on every process but the one that writes the run's files.
     `beside`: this is the sidecar evaluator, which never replaces a metrics.json of a later global step (the
-    trainer's own evaluation, say): metrics.json holds the newest evaluation of the run.
+    trainer's own evaluation, say): metrics.json holds the newest evaluation of the run. `chosen`: the
+    `checkpoint=` of mode=evaluate, which never replaces a metrics.json of a later global step either, nor drops
+    what the training run added to the one of its own step (`KEPT`). `bootstrap` resamples of `unit` (a table
+    column; None: each example), seeded with `seed`, give a test evaluation's intervals (experiments/intervals.py).
     """
 
     def __init__(self, task, trainer, tables, summaries, model_dir, *, batch_size, eval_steps, seed, input_fn,
-                 note_unreadable, write=True, beside=False):
+                 note_unreadable, write=True, beside=False, chosen=None, bootstrap=0, unit=None):
         self.task, self.spec, self.trainer, self.tables = task, task.SPEC, trainer, tables
         self.summaries, self.model_dir, self.write, self.beside = summaries, model_dir, write, beside
         self.batch_size, self.eval_steps, self.seed = batch_size, eval_steps, seed
         self.input_fn, self.note_unreadable = input_fn, note_unreadable
+        self.chosen, self.bootstrap, self.unit = chosen, bootstrap, unit
         self.split = "validation"
         # trainer.eval_steps: the same seeded, stratified rows at every evaluation (None: the whole split).
         self.rows = sample_rows(tables[self.split], eval_steps, seed)
@@ -79,11 +91,12 @@ class Evaluator:
         seen = min(rows, len(logits) * self.batch_size)  # padding only ever ends the last batch
         return np.concatenate(logits)[:seen], total_loss, np.concatenate(weights)[:seen] > 0
 
-    def evaluate(self) -> dict:
+    def evaluate(self, split="validation") -> dict:
         """Evaluates the trainer's weights (their moving average with trainer.ema_decay: the trainer's `averaged`)
-        on the validation split and writes metrics.json; a fresh iterator each time."""
+        on the validation split and writes metrics.json, or on the test split (`split`) and writes
+        metrics_test.json; a fresh iterator each time."""
         with logging_redirect_tqdm(), self.trainer.averaged():
-            return self._evaluate()
+            return self._evaluate() if split == self.split else self._evaluate_whole(split)
 
     def _evaluate(self) -> dict:
         if self._data is None:
@@ -104,20 +117,58 @@ class Evaluator:
             self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
             self.summaries.heatmaps(self._heatmaps().overlays, step)  # a few validation images' Grad-CAM
             record = {**values, "global_step": step, "examples": count, "split_examples": len(table)}
-            if self.write:  # before metrics.json: a kill between the two redoes the evaluation, losing no line
+            held = evaluated_record(self.model_dir) if self.write and (self.beside or self.chosen) else None
+            later = held["global_step"] if held else None
+            if self.chosen and later is not None and later > step:  # mode=evaluate of an older checkpoint
+                write_metrics(self.model_dir, {**record, "checkpoint": self.chosen}, BESIDE[self.split])
+                log.info("metrics.json holds the training run's evaluation of global step %d and is left as it is; "
+                         "this one, of checkpoint=%s, is in %s", later, self.chosen, BESIDE[self.split])
+            elif self.write:  # metrics.jsonl before metrics.json: a kill between the two redoes the evaluation
                 metrics_history.append(self.model_dir, record)
-            later = evaluated_step(self.model_dir) if self.beside else None
-            if self.write and later is not None and later > step:
-                log.info("metrics.json holds the evaluation of a later global step (%d) and is left as it is; this "
-                         "one is in validation/, metrics.jsonl and this log", later)
-            elif self.write:
-                write_metrics(self.model_dir, record)
+                if later is not None and later > step:
+                    log.info("metrics.json holds the evaluation of a later global step (%d) and is left as it is; "
+                             "this one is in validation/, metrics.jsonl and this log", later)
+                else:
+                    kept = {key: held[key] for key in KEPT if key in held} if self.chosen and later == step else {}
+                    write_metrics(self.model_dir, {**record, **kept})
         self.last_values = values
         if self.eval_steps is not None:
             log.info("Evaluated %d of %d %s examples (%s)", count, len(table), self.split, self._sample_note())
         headline = metrics.headline(self.spec.task)
         log.info("Evaluation at global step %d on %d examples: loss %.4f, %s %.4f", step, count, values["loss"],
                  headline, values.get(headline, float("nan")))
+        return values
+
+    def _evaluate_whole(self, split) -> dict:
+        """Evaluates the whole of `split` and writes its record, with each metric's interval, to `BESIDE[split]`;
+        metrics.json, metrics.jsonl and the summaries are left as they are."""
+        step, table = self.trainer.step, self.tables[split]
+        logits, total_loss, counted = self._outputs(self.input_fn(split), len(table))
+        scores = metrics.probabilities(self.spec.task, logits)
+        count, scored = int(counted.sum()), table[counted]
+        labels = np.asarray(scored.label.tolist())
+        values = {"loss": total_loss / max(count, 1),
+                  **metrics.scored(self.spec.task, self.spec.class_names, labels, scores[counted])}
+        if count == len(table):
+            values.update(self.task.protocol_metrics(table, scores))
+        units = scored[self.unit].to_numpy() if self.unit else np.arange(count)
+        began = time.monotonic()
+        values.update(intervals.intervals(self.spec.task, self.spec.class_names, labels, scores[counted], units,
+                                          self.bootstrap, self.seed))
+        self.note_unreadable()
+        record = {**values, "global_step": step, "examples": count, "split_examples": len(table), "split": split,
+                  "checkpoint": self.chosen,
+                  "bootstrap": {"resamples": self.bootstrap, "unit": self.unit or "example", "seed": self.seed}}
+        if self.write:
+            write_metrics(self.model_dir, record, BESIDE[split])
+        self.last_values = values
+        headline = metrics.headline(self.spec.task)
+        interval = values.get(f"{headline}/ci95")
+        log.info("Evaluation of the %s split at global step %d on %d examples: loss %.4f, %s %.4f%s; written to %s",
+                 split, step, count, values["loss"], headline, values.get(headline, float("nan")),
+                 f" (95% interval {interval[0]:.4f}..{interval[1]:.4f}, {self.bootstrap} resamples of "
+                 f"{self.unit or 'example'}s, {time.monotonic() - began:.1f} s)" if interval else "",
+                 self.model_dir / BESIDE[split])
         return values
 
     def _sample_note(self) -> str:
@@ -131,12 +182,13 @@ class Evaluator:
             note += f"; the protocol metrics of {self.spec.name} are defined on the whole split and left out"
         return note
 
-    def predict(self):
-        """Writes predictions.csv, one row per example (with trainer.ema_decay, from the averaged weights): the image
-        path(s), a probability per class, the true label(s) where the split has them (`label`, or `label/<class>`
-        per class for multi-label), and the checkpoint's `global_step`. Returns its table (None on a process that
-        does not write)."""
-        split = "test" if "test" in self.tables else self.split
+    def predict(self, split=None):
+        """Writes predictions.csv, one row per example of `split` (None: the test split where there is one, else
+        validation; with trainer.ema_decay, from the averaged weights): the image path(s), LFW's `fold` and the
+        bootstrap's unit column where the table has them, a probability per class, the true label(s) where the
+        split has them (`label`, or `label/<class>` per class for multi-label), the checkpoint's `global_step`
+        and the `split`. Returns its table (None on a process that does not write)."""
+        split = split or ("test" if "test" in self.tables else self.split)
         table = self.tables[split]
         # Every worker takes part: the steps are collective.
         with logging_redirect_tqdm(), self.trainer.averaged():
@@ -146,12 +198,14 @@ class Evaluator:
             return None
         scores = metrics.probabilities(self.spec.task, logits).reshape(len(table), -1)
         scores[~counted] = np.nan  # damaged files that were not checked up front have no prediction
-        columns = [table[path_columns(table)].reset_index(drop=True),
+        described = [column for column in ("fold", self.unit) if column in table]
+        columns = [table[path_columns(table) + described].reset_index(drop=True),
                    pd.DataFrame(scores, columns=list(self.spec.class_names))]
         if "label" in table:
             columns.append(label_columns(table.label.tolist(), self.spec.class_names))
         predictions = pd.concat(columns, axis=1)
         predictions["global_step"] = self.trainer.step
+        predictions["split"] = split
         predictions.to_csv(self.model_dir / "predictions.csv", index=False)
         log.info("Wrote %d predictions for the %s split at global step %d to %s", len(predictions), split,
                  self.trainer.step, self.model_dir / "predictions.csv")

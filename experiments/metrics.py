@@ -20,7 +20,12 @@ def _auc(labels, scores):
 
 def evaluate(task, class_names, labels, logits) -> dict:
     """Metrics of one evaluation: per-label and mean AUC, accuracy, top-5 accuracy."""
-    scores = probabilities(task, logits)
+    return scored(task, class_names, labels, probabilities(task, logits))
+
+
+def scored(task, class_names, labels, scores) -> dict:
+    """`evaluate`'s metrics from probabilities (`scores`, as predictions.csv holds them) rather than logits."""
+    scores = np.asarray(scores, np.float64)
     if task == "multilabel":
         labels = np.asarray(labels).reshape(scores.shape)
         aucs = {f"auc/{name}": _auc(labels[:, k], scores[:, k]) for k, name in enumerate(class_names)}

@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 import tensorflow as tf
-from sklearn.metrics import confusion_matrix
+from sklearn.metrics import confusion_matrix, roc_curve
 from tensorboard.plugins.pr_curve import summary as pr_summary
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,36 @@ def confusion_image(class_names, labels, probabilities) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3]
 
 
+def roc_image(labels, scores) -> np.ndarray:
+    """The ROC curve of a binary evaluation (true accept rate against false accept rate, the latter on a log
+    axis, as face verification reads it), as an RGB uint8 image [height, width, 3]."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    false_accept, true_accept, _ = roc_curve(np.asarray(labels).reshape(-1), np.asarray(scores).reshape(-1))
+    figure = Figure(figsize=(4, 4), dpi=80)
+    axes = figure.add_subplot()
+    axes.plot(false_accept, true_accept)
+    axes.set_xscale("symlog", linthresh=1e-3)
+    axes.set_xlim(0, 1)
+    axes.set_ylim(0, 1)
+    axes.set_xlabel("false accept rate")
+    axes.set_ylabel("true accept rate")
+    axes.grid(True, alpha=0.3)
+    figure.tight_layout()
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3]
+
+
 def write_evaluation(spec, labels, probabilities, step):
-    """An evaluation's PR curves (multi-label, binary) or confusion matrix (multiclass), into the default writer."""
+    """An evaluation's PR curves (multi-label, binary), ROC curve (binary) or confusion matrix (multiclass), into
+    the default writer."""
+    positive = np.asarray(labels).reshape(-1)
+    if spec.task == "binary" and 0 < positive.sum() < len(positive):
+        tf.summary.image("roc", roc_image(positive, probabilities)[None], step=step,
+                         description=f"Validation ROC curve over {len(positive)} examples: the true accept rate "
+                                     "against the false accept rate (a log scale above 1e-3, linear below)")
     if spec.task == "multiclass":
         image = confusion_image(spec.class_names, labels, probabilities)
         tf.summary.image("confusion_matrix", image[None], step=step,

@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tf_harness.data import service
+from tf_harness.data import TASKS, service
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.input_fn import input_fn
 from tf_harness.data.integrity import unreadable
@@ -167,7 +167,9 @@ class Controller:
         self.evaluator = Evaluator(task, trainer, tables, summaries, self.model_dir,
                                    batch_size=settings.pipeline.batch_size, eval_steps=settings.trainer.eval_steps,
                                    seed=pipeline.seed, input_fn=self._eval_input, note_unreadable=self.note_unreadable,
-                                   write=run_dir.chief, beside=sidecar.wanted(settings))
+                                   write=run_dir.chief, beside=sidecar.wanted(settings),
+                                   chosen=settings.checkpoint if settings.mode == "evaluate" else None,
+                                   bootstrap=settings.bootstrap, unit=TASKS.entries[task.SPEC.name].unit)
         self.note_unreadable()  # what an earlier life of this run found
         self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
         # The actions of the mode: training sets its own (`_train`); an evaluation outside training counts for nothing.
@@ -194,19 +196,27 @@ class Controller:
     def restore(self):
         """Restores the checkpoint that `checkpoint=latest|best|<step>` names (evaluate, predict, export): by
         default the run's newest restorable one."""
+        split = self.settings.split
+        if split is not None and split not in self.tables:  # the dataset has one, but not in this copy of it
+            raise ConfigError(f"split={split}: dataset={self.spec.name} has no {split} split under "
+                              f"{self.settings.dataset.root or 'its sample'} (its test split is "
+                              f"{TASKS.entries[self.spec.name].test}: docs/datasets.md)")
         self.restored = recipes.chosen_checkpoint(self.settings.checkpoint, self.run_dir, self.settings.mode)
         self.trainer.checkpoint().restore(self.restored).expect_partial()
         log.info("Restored %s (global step %d)", self.restored, self.trainer.step)
 
     def evaluate(self):
         """Evaluates the trainer's weights, then calls the actions' `after_evaluation` (in a training run, the best
-        checkpoint and early stopping count it: experiments/recipes.py)."""
+        checkpoint and early stopping count it: experiments/recipes.py). With split=test (mode=evaluate), the test
+        split into metrics_test.json, which no action counts."""
+        if self.settings.split == "test":
+            return self.evaluator.evaluate("test")
         values = self.evaluator.evaluate()
         self._call("after_evaluation", self.trainer.step, values)
         return values
 
     def predict(self):
-        predictions = self.evaluator.predict()
+        predictions = self.evaluator.predict(self.settings.split)
         if self.settings.heatmaps and predictions is not None:  # heatmaps=N: Grad-CAM of the N highest scores
             with self.trainer.averaged():
                 heatmaps.write_top(self.task, self.trainer, predictions, self.settings.heatmaps, self.model_dir)

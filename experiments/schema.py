@@ -164,6 +164,7 @@ TRAINING_MODES = ("train_and_evaluate", "train")
 EVALUATION_MODES = ("evaluate", "predict", "export")  # read a checkpoint of a recorded run
 SIDECAR_MODE = "continuous_eval"  # experiments/sidecar.py
 MODES = (*TRAINING_MODES, *EVALUATION_MODES, SIDECAR_MODE)
+SPLIT_MODES = ("evaluate", "predict")  # take `split`
 EVALUATING_MODES = ("train_and_evaluate", "evaluate", SIDECAR_MODE)  # a job of these reports a validation metric
 CHECKPOINT = Key("latest, best or a global step >= 0",
                  lambda value: value in ("latest", "best") or integer(0).accepts(value))
@@ -185,8 +186,10 @@ KEYS = {
     "mode": one_of(*MODES),
     "checkpoint": CHECKPOINT,
     "heatmaps": integer(0),
+    "split": _with_null(one_of("validation", "test"), "validation for evaluate, for predict the test split where there is one"),
     "seed": integer(0, 2**32 - 1),
     "deterministic": FLAG,
+    "evaluation.bootstrap": integer(0),
 
     "pipeline.batch_size": integer(1),
     "pipeline.image_size": IMAGE_SIZE,
@@ -266,6 +269,7 @@ KEYS = {
 # (TASKS in data/__init__.py, BUILDERS in models/__init__.py).
 OPTION_KEYS = {
     "dataset.validation_fraction": number(0, 1, low_open=True, high_open=True),
+    "dataset.test_fraction": number(0, 1, high_open=True),
     "dataset.eval_pairs": one_of("dev_test", "pairs"),
     "dataset.fold": integer(0, 9, null="all ten folds"),
 
@@ -432,6 +436,12 @@ def _recipes(cfg) -> str | None:
     if choice != "latest" and cfg.mode not in EVALUATION_MODES:
         return (f"checkpoint={show(choice)} is for mode={'|'.join(EVALUATION_MODES)}; mode={cfg.mode} "
                 f"{'resumes from the newest checkpoint' if cfg.mode != 'continuous_eval' else 'evaluates each one'}")
+    split = cfg.get("split")
+    if split is not None and cfg.mode not in SPLIT_MODES:
+        return (f"split={split} is for mode={'|'.join(SPLIT_MODES)}; mode={cfg.mode} trains on train and evaluates "
+                f"on validation")
+    if split == "test" and TASKS.entries[cfg.dataset.name].test is None:
+        return f"split=test: dataset={cfg.dataset.name} has no test split (docs/datasets.md); use split=validation"
     if _is_int(choice) and choice > cfg.trainer.train_steps:
         return (f"checkpoint={choice} is not a global step the run reaches: it takes latest, best or a step in "
                 f"0..{cfg.trainer.train_steps} (trainer.train_steps)")

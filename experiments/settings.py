@@ -78,6 +78,8 @@ class Settings:
     values: Section  # the whole config, resolved: for the log, the HParams record and the input record
     checkpoint: str | int = "latest"  # which checkpoint mode=evaluate, predict and export restore
     heatmaps: int = 0  # mode=predict: Grad-CAM overlays of this many highest scores (experiments/heatmaps.py)
+    split: str | None = None  # which split mode=evaluate and predict read (None: the mode's own)
+    bootstrap: int = 0  # evaluation.bootstrap: resamples behind each interval of metrics_test.json
 
     @classmethod
     def from_config(cls, cfg) -> "Settings":
@@ -86,7 +88,8 @@ class Settings:
         return cls(mode=values.mode, seed=int(values.seed), deterministic=bool(values.deterministic),
                    dataset=values.dataset, model=values.model, pipeline=values.pipeline, trainer=values.trainer,
                    strategy=values.strategy, tfrecord=values.get("tfrecord", Section({})), values=values,
-                   checkpoint=values.get("checkpoint", "latest"), heatmaps=int(values.get("heatmaps", 0)))
+                   checkpoint=values.get("checkpoint", "latest"), heatmaps=int(values.get("heatmaps", 0)),
+                   split=values.get("split"), bootstrap=int(values.get("evaluation", Section({})).get("bootstrap", 0)))
 
     def select(self, key, default=_ABSENT):
         """The value at a dotted `key` (``pipeline.cache``, ``strategy``), or `default` when there is none."""

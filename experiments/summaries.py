@@ -83,6 +83,12 @@ class Summaries:
 def evaluated_step(model_dir):
     """The global step of the evaluation metrics.json holds; None when there is none yet, or when the file cannot be
     read (logged: the evaluation is redone, and the file written again)."""
+    record = evaluated_record(model_dir)
+    return None if record is None else record["global_step"]
+
+
+def evaluated_record(model_dir):
+    """The evaluation metrics.json holds, with its int `global_step`; None as for `evaluated_step`."""
     path = os.path.join(model_dir, "metrics.json")
     try:
         with open(path, "rb") as f:
@@ -94,16 +100,16 @@ def evaluated_step(model_dir):
     else:
         step = values.get("global_step") if isinstance(values, dict) else None
         if isinstance(step, int) and not isinstance(step, bool):
-            return step
+            return values
         problem = "holds no global_step"
     log.warning("%s %s: taking it as no evaluation; the next one writes it again", path, problem)
     return None
 
 
-def write_metrics(model_dir, values: dict):
-    """Writes metrics.json atomically, so a reader never sees half a file. The temporary file is this process's
-    own: a sidecar evaluator writes metrics.json beside the trainer."""
-    path = os.path.join(model_dir, "metrics.json")
+def write_metrics(model_dir, values: dict, name="metrics.json"):
+    """Writes metrics.json (or `name` beside it: metrics_test.json, say) atomically, so a reader never sees half a
+    file. The temporary file is this process's own: a sidecar evaluator writes metrics.json beside the trainer."""
+    path = os.path.join(model_dir, name)
     clean = {key: (None if isinstance(value, float) and math.isnan(value) else value) for key, value in values.items()}
     with replacing(path) as f:
         json.dump(clean, f, indent=2, sort_keys=True)

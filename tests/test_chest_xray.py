@@ -110,6 +110,15 @@ def test_patient_wise_split_never_shares_a_patient(real_tree):
     assert not set(tables["train"].patient_id) & set(tables["validation"].patient_id)
 
 
+def test_without_the_lists_a_test_fraction_holds_out_patients_as_the_test_split(real_tree):
+    tables = task_of(compose("dataset=chest_xray", "dataset.test_fraction=0.25")).index(real_tree, SkipLog())
+    assert set(tables) == {"train", "validation", "test"} and sum(map(len, tables.values())) == 24
+    patients = {name: set(table.patient_id) for name, table in tables.items()}
+    assert len(patients["test"]) == 2  # a quarter of the fixture's eight patients
+    assert not patients["test"] & (patients["train"] | patients["validation"])
+    assert "test" not in task_of(compose("dataset=chest_xray")).index(real_tree, SkipLog())  # none by default
+
+
 # Patient 3's eight images: the real tree's images that the real train_val_list.txt leaves to the test list.
 PATIENT_3 = [f"00000003_{k:03d}.png" for k in range(8)]
 

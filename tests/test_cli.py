@@ -74,7 +74,9 @@ def test_rerunning_into_the_run_directory_resumes_then_evaluates_and_predicts(tr
     with open(run_dir / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 54  # the sample's test split
-    assert rows[0]["path"].endswith(".png") and len(rows[0]) == 1 + 14 + 14 + 1  # path, scores, labels, step
+    # path, patient, scores, labels, step, split
+    assert rows[0]["path"].endswith(".png") and len(rows[0]) == 1 + 1 + 14 + 14 + 1 + 1
+    assert rows[0]["split"] == "test" and rows[0]["patient_id"].isdigit()
     assert rows[0]["global_step"] == "9" and rows[0]["label/Hernia"] in ("0", "1")
     assert all(0.0 <= float(rows[0][name]) <= 1.0 for name in ("Atelectasis", "Hernia"))
 

@@ -360,7 +360,8 @@ with open(predictions, newline="") as f:
     rows = list(csv.DictReader(f))
 columns = {"image_bytes": "path", "image_bytes_a": "path_a", "image_bytes_b": "path_b"}
 inputs = sorted(serve.structured_input_signature[1])
-classes = [c for c in rows[0] if c not in columns.values() and c != "global_step" and not c.startswith("label")]
+described = ("global_step", "split", "fold", "patient_id")  # what predictions.csv says of each row besides scores
+classes = [c for c in rows[0] if c not in columns.values() and c not in described and not c.startswith("label")]
 expected = np.array([[float(row[c]) for c in classes] for row in rows])
 kept = ~np.isnan(expected).any(axis=1)  # a file predict could not decode has no probabilities
 feed = {}

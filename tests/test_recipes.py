@@ -441,8 +441,11 @@ def test_a_run_keeps_its_best_stops_early_stays_stopped_and_evaluates_its_best(t
 
     best = run_cli(f"hydra.run.dir={run_dir}", "mode=evaluate", "checkpoint=best")
     assert best.returncode == 0, best.stderr[-3000:]
-    evaluated = json.loads((run_dir / "metrics.json").read_text())
+    evaluated = json.loads((run_dir / "metrics_validation.json").read_text())  # metrics.json is the run's own
     assert evaluated["global_step"] == 2 and evaluated["accuracy"] == record["value"]  # reproduced exactly
+    assert json.loads((run_dir / "metrics.json").read_text())["stopped_early"] is True
+    resumed = run_cli(*args)
+    assert resumed.returncode == 0 and "Redoing the evaluation" not in resumed.stdout, resumed.stderr[-3000:]
 
     missing = run_cli(f"hydra.run.dir={run_dir}", "mode=evaluate", "checkpoint=3")
     assert missing.returncode == 2 and "Traceback" not in missing.stderr

@@ -57,7 +57,7 @@ def test_predict_with_nothing_else_on_the_line_uses_the_saved_config(run_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     with open(run_dir / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
-    assert rows and list(rows[0]) == ["path_a", "path_b", "same", "label", "global_step"]
+    assert rows and list(rows[0]) == ["path_a", "path_b", "fold", "same", "label", "global_step", "split"]
     assert {row["label"] for row in rows} <= {"0", "1"} and {row["global_step"] for row in rows} == {"4"}
     assert saved_hydra(run_dir) == before  # the training run's .hydra/ is intact
     # The re-entry keeps its own record: the config it ran with and its command line's overrides.

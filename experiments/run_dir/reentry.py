@@ -56,7 +56,7 @@ RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eva
                "trainer.checkpoint_every", "trainer.log_every", "trainer.steps_per_loop", "trainer.fetch_ahead",
                "trainer.jit_compile", "trainer.graph_optimizer", "trainer.profile_steps", "dataset.root",
                "pipeline.source", "pipeline.cache", "pipeline.service", "pipeline.service_timeout", "checkpoint",
-               "heatmaps")
+               "heatmaps", "split", "evaluation.bootstrap")
 # May change in these modes only: the checkpoint does not depend on them, but training's saved input
 # iterator depends on the batch size, and training holds the evaluation pairs' people out.
 EVALUATION_KEYS = ("pipeline.batch_size", "dataset.eval_pairs", "dataset.fold")
@@ -325,8 +325,8 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
         else:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False, force_add=True)
     # Keys added to the harness since the run was saved take today's defaults.
-    from tf_harness.experiments.schema import KEYS
-    for key in KEYS:
+    from tf_harness.experiments.schema import KEYS, OPTION_KEYS
+    for key in (*KEYS, *OPTION_KEYS):  # a dataset's or model's own keys too (dataset.test_fraction, say)
         if value_of(merged, key) is _ABSENT and value_of(cfg, key) is not _ABSENT:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False, force_add=True)
     return merged, None

@@ -1,0 +1,144 @@
+"""`python -m tf_harness.compare RUN_A RUN_B [--split test]`: is run B better than run A on the same examples?
+
+Reads each run's predictions.csv (mode=predict: `python run.py hydra.run.dir=<run> mode=predict split=test`) and
+scores both on the examples they share, which must be the same: the same dataset, split and examples (paths, in
+order, and labels), or it refuses in one line, exit 2. Rows without a score in either run (a damaged file) are
+left out of both. For each metric of experiments/metrics.py `scored` it prints A, B, B - A, the difference's
+interval and a two-sided p-value: from a paired bootstrap that resamples the dataset's unit (its patients for
+chest X-rays; an example otherwise) for both runs at once (experiments/intervals.py), or, for a binary task's
+`auc`, from DeLong's test.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+
+from tf_harness.data import TASKS
+from tf_harness.experiments import intervals, metrics
+
+PREDICTIONS = "predictions.csv"
+SAVED = Path(".hydra") / "config.yaml"
+
+
+class Refused(Exception):
+    """The two runs cannot be compared: one line saying why."""
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="python -m tf_harness.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("run_a", type=Path, help="the run compared against (A)")
+    parser.add_argument("run_b", type=Path, help="the run compared (B)")
+    parser.add_argument("--split", choices=("validation", "test"), default="test",
+                        help="the split both runs' predictions.csv hold (default test)")
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--seed", type=int, default=42, help="the bootstrap's seed (default 42)")
+    return parser
+
+
+def read_run(run_dir: Path, split: str):
+    """(dataset name, predictions) of a run directory whose predictions.csv is of `split`."""
+    saved = run_dir / SAVED
+    try:
+        dataset = OmegaConf.load(saved).dataset.name
+    except Exception as error:  # noqa: BLE001  any unreadable or foreign file is one line
+        raise Refused(f"{saved} cannot be read ({type(error).__name__}); is {run_dir} a run directory?") from None
+    path = run_dir / PREDICTIONS
+    try:
+        predictions = pd.read_csv(path)
+    except (OSError, ValueError) as error:
+        raise Refused(f"{path} cannot be read ({type(error).__name__}); write it with `python run.py "
+                      f"hydra.run.dir={run_dir} mode=predict split={split}`") from None
+    held = sorted(set(predictions["split"])) if "split" in predictions else ["unknown (an older predictions.csv)"]
+    if held != [split]:
+        raise Refused(f"{path} holds the {'|'.join(held)} split, not {split}; write it with `python run.py "
+                      f"hydra.run.dir={run_dir} mode=predict split={split}`")
+    return dataset, predictions
+
+
+def _columns(predictions, class_names):
+    """The label columns: `label/<class>` per class, or `label`."""
+    labelled = [f"label/{name}" for name in class_names]
+    return labelled if set(labelled) <= set(predictions) else ["label"]
+
+
+def paired_examples(run_a, run_b, split):
+    """Both runs' predictions on the same examples: (dataset, class names, labels, scores A, scores B, units)."""
+    dataset_a, a = read_run(run_a, split)
+    dataset_b, b = read_run(run_b, split)
+    if dataset_a != dataset_b:
+        raise Refused(f"{run_a} is of dataset={dataset_a} and {run_b} of dataset={dataset_b}; compare runs of one")
+    entry = TASKS.entries[dataset_a]
+    described = [column for column in a if column.startswith("path")] + \
+        [column for column in ("fold", entry.unit) if column in a]
+    class_names = [column for column in a if column not in described and not column.startswith("label")
+                   and column not in ("global_step", "split")]
+    labels = _columns(a, class_names)
+    identity = described + labels
+    if list(a.columns) != list(b.columns) or len(a) != len(b):
+        raise Refused(f"{run_a} and {run_b} hold different examples ({len(a)} and {len(b)} rows of "
+                      f"{split}); another root or example list?")
+    differs = ~(a[identity].astype(str) == b[identity].astype(str)).all(axis=1)
+    if differs.any():
+        row = int(np.flatnonzero(differs.to_numpy())[0])
+        raise Refused(f"{run_a} and {run_b} hold different examples: row {row + 2} of {PREDICTIONS} is "
+                      f"{a.loc[row, described[0]]} in one and {b.loc[row, described[0]]} in the other; another "
+                      f"root or example list?")
+    scored = a[class_names].notna().all(axis=1) & b[class_names].notna().all(axis=1)
+    if not scored.any():
+        raise Refused(f"{run_a} and {run_b} share no example that both runs scored")
+    a, b = a[scored], b[scored]
+    units = a[entry.unit].to_numpy() if entry.unit in a else np.arange(len(a))
+    return (dataset_a, entry, class_names, a[labels].to_numpy(), a[class_names].to_numpy(), b[class_names].to_numpy(),
+            units, int((~scored).sum()))
+
+
+def compare(run_a, run_b, split="test", resamples=1000, seed=42):
+    """(what was compared, one row per metric: {metric, a, b, difference, interval, p, test})."""
+    dataset, entry, class_names, labels, scores_a, scores_b, units, left_out = paired_examples(run_a, run_b, split)
+    task = entry.task
+    if task != "multilabel":
+        labels = labels.reshape(-1)
+    value_a = metrics.scored(task, class_names, labels, scores_a)
+    value_b = metrics.scored(task, class_names, labels, scores_b)
+    bootstrapped = intervals.paired(task, class_names, labels, scores_a, scores_b, units, resamples, seed)
+    rows = []
+    for name in value_a:
+        interval, p = bootstrapped[name]
+        test = f"paired bootstrap, {resamples} resamples"
+        if task == "binary" and name == "auc":
+            _, interval, p = intervals.delong(labels, scores_a, scores_b)
+            test = "DeLong"
+        rows.append({"metric": name, "a": float(value_a[name]), "b": float(value_b[name]),
+                     "difference": float(value_b[name] - value_a[name]), "interval": interval, "p": p,
+                     "test": test})
+    unit = entry.unit or "example"
+    units_text = f" ({len(np.unique(units))} {unit}s)" if entry.unit else ""
+    header = (f"dataset={dataset} split={split}: {len(units)} examples{units_text} scored by both runs"
+              f"{f', {left_out} without a score left out' if left_out else ''}; A={run_a}, B={run_b}; the paired "
+              f"bootstrap resamples {unit}s (seed {seed})")
+    return header, rows
+
+
+def _text(rows, header) -> str:
+    width = max(len(row["metric"]) for row in rows)
+    lines = [header, f"{'metric':<{width}}  {'A':>7}  {'B':>7}  {'B - A':>8}  {'95% interval':>19}  {'p':>7}  test"]
+    for row in rows:
+        interval = row["interval"]
+        shown = f"[{interval[0]:+.4f}, {interval[1]:+.4f}]" if interval else "undefined"
+        lines.append(f"{row['metric']:<{width}}  {row['a']:7.4f}  {row['b']:7.4f}  {row['difference']:+8.4f}  "
+                     f"{shown:>19}  {row['p']:7.4f}  {row['test']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        header, rows = compare(args.run_a, args.run_b, args.split, args.resamples, args.seed)
+    except Refused as refused:
+        print(f"compare: {refused}", file=sys.stderr)
+        return 2
+    print(_text(rows, header))
+    return 0

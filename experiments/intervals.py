@@ -1,0 +1,166 @@
+"""Bootstrap intervals of an evaluation's metrics, and paired differences between two runs on the same examples.
+
+A resample draws the units the data is drawn in (a patient's images together; a pair; an image), with
+replacement, as many as there are: `resampled_weights` gives each example's count in each resample, and every
+metric is computed as a weighted one, so that a resample is never copied out. The metrics are those of
+experiments/metrics.py `scored`, vectorised over the resamples with numpy; tests/test_results.py checks them
+against scikit-learn on the same resamples. The intervals are percentile intervals, seeded, so the same
+evaluation gives the same interval.
+"""
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+LEVEL = 0.95
+# Resamples computed at once: bounds the memory of a [chunk, examples] weight matrix.
+CHUNK = 100
+
+
+def resampled_weights(units, resamples, seed):
+    """Yields [b, n] arrays, `resamples` rows in all: how many times each of the n examples is drawn in each
+    resample, when the units (`units[i]`: the unit of example i, e.g. its patient) are drawn with replacement,
+    as many as there are."""
+    codes = pd.factorize(pd.Series(np.asarray(units)))[0]
+    count = int(codes.max()) + 1
+    rng = np.random.default_rng(seed)
+    for start in range(0, resamples, CHUNK):
+        drawn = rng.multinomial(count, np.full(count, 1.0 / count), size=min(CHUNK, resamples - start))
+        yield drawn[:, codes]
+
+
+def auc_function(labels, scores):
+    """A function from example weights ([b, n]) to the ROC AUC under each row, ties counted as half, as
+    roc_auc_score with sample_weight computes it (NaN where a row weighs no positive or no negative); the scores
+    are sorted once, here."""
+    positive = np.asarray(labels).reshape(-1).astype(bool)
+    scores = np.asarray(scores, np.float64).reshape(-1)
+    negatives = np.flatnonzero(~positive)
+    order = np.argsort(scores[negatives], kind="stable")
+    sorted_negatives, negatives = scores[negatives][order], negatives[order]
+    positives = np.flatnonzero(positive)
+    # The negatives scored below each positive, and those scored below or level with it.
+    left = np.searchsorted(sorted_negatives, scores[positives], "left")
+    right = np.searchsorted(sorted_negatives, scores[positives], "right")
+
+    def auc(weights):
+        below = np.zeros((len(weights), len(negatives) + 1), np.int64)
+        np.cumsum(weights[:, negatives], axis=1, out=below[:, 1:])
+        positive_weights = weights[:, positives]
+        total_positive, total_negative = positive_weights.sum(axis=1), below[:, -1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            value = (positive_weights * (below[:, left] + below[:, right])).sum(axis=1) / (
+                2.0 * total_positive * total_negative)
+        return np.where((total_positive > 0) & (total_negative > 0), value, np.nan)
+
+    return auc
+
+
+def weighted_auc(weights, labels, scores):
+    """The ROC AUC of binary `labels` and `scores` [n] under each row of example `weights` [b, n]."""
+    return auc_function(labels, scores)(weights)
+
+
+def _mean_function(hits):
+    """A function from example weights ([b, n]) to the weighted mean of `hits` [n] under each row."""
+    hits = np.asarray(hits, np.float64)
+    return lambda weights: weights @ hits / weights.sum(axis=1)
+
+
+def metric_functions(task, class_names, labels, scores) -> dict:
+    """`scored`'s metrics (experiments/metrics.py) as functions of example weights, {name: f([b, n]) -> [b]};
+    a multi-label task's `auc/mean` is left to `replicates`, from the per-class ones."""
+    scores = np.asarray(scores, np.float64)
+    if task == "multilabel":
+        labels = np.asarray(labels).reshape(scores.shape)
+        return {f"auc/{name}": auc_function(labels[:, k], scores[:, k]) for k, name in enumerate(class_names)}
+    labels = np.asarray(labels).reshape(-1)
+    if task == "binary":
+        scores = scores.reshape(-1)
+        return {"accuracy": _mean_function((scores > 0.5) == labels), "auc": auc_function(labels, scores)}
+    top = np.argsort(-scores, axis=-1, kind="stable")[:, :min(5, scores.shape[-1])]
+    return {"accuracy": _mean_function(scores.argmax(-1) == labels),
+            "top5_accuracy": _mean_function((top == labels[:, None]).any(axis=1))}
+
+
+def replicates(task, functions, weights) -> dict:
+    """The metrics of `metric_functions` under each row of example `weights`: {name: [b] values}."""
+    found = {name: function(weights) for name, function in functions.items()}
+    if task == "multilabel":
+        stacked = np.stack(list(found.values()))
+        defined = (~np.isnan(stacked)).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            found["auc/mean"] = np.where(defined > 0, np.nansum(stacked, axis=0) / defined, np.nan)
+    return found
+
+
+def _all_replicates(task, class_names, labels, scores, units, resamples, seed) -> dict:
+    functions = metric_functions(task, class_names, labels, scores)
+    parts = [replicates(task, functions, weights) for weights in resampled_weights(units, resamples, seed)]
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
+def percentile_interval(values):
+    """The central LEVEL interval of bootstrap `values`, the undefined ones left out: [low, high] or None."""
+    values = np.asarray(values, np.float64)
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return None
+    tail = 100 * (1 - LEVEL) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return [float(low), float(high)]
+
+
+def intervals(task, class_names, labels, scores, units, resamples, seed) -> dict:
+    """`<metric>/ci95: [low, high]` for each of `scored`'s metrics, from `resamples` resamples of the `units`
+    seeded with `seed`; {} with no resamples or no examples."""
+    if not resamples or not len(units):
+        return {}
+    drawn = _all_replicates(task, class_names, labels, scores, units, resamples, seed)
+    return {f"{name}/ci95": percentile_interval(values) for name, values in drawn.items()}
+
+
+def paired(task, class_names, labels, scores_a, scores_b, units, resamples, seed) -> dict:
+    """Run B against run A on the same examples: {metric: (difference B - A's interval, p-value)}, each from
+    the same resamples of both, the p-value two-sided: twice the smaller share of resampled differences on
+    either side of 0 (counting the observed one), at most 1."""
+    a = _all_replicates(task, class_names, labels, scores_a, units, resamples, seed)
+    b = _all_replicates(task, class_names, labels, scores_b, units, resamples, seed)
+    found = {}
+    for name in a:
+        difference = b[name] - a[name]
+        difference = difference[~np.isnan(difference)]
+        if not len(difference):
+            found[name] = (None, float("nan"))
+            continue
+        below = (np.sum(difference <= 0) + 1) / (len(difference) + 1)
+        above = (np.sum(difference >= 0) + 1) / (len(difference) + 1)
+        found[name] = (percentile_interval(difference), float(min(1.0, 2 * min(below, above))))
+    return found
+
+
+def delong(labels, scores_a, scores_b):
+    """DeLong's test of two correlated ROC AUCs on the same examples (DeLong et al. 1988, in the fast form of
+    Sun and Xu 2014): (AUC B - AUC A, its interval at LEVEL, the two-sided p-value)."""
+    labels = np.asarray(labels).reshape(-1).astype(bool)
+    positives, negatives = labels.sum(), (~labels).sum()
+    if not positives or not negatives:
+        return float("nan"), None, float("nan")
+    aucs, v10, v01 = [], [], []
+    for scores in (np.asarray(scores_a, np.float64).reshape(-1), np.asarray(scores_b, np.float64).reshape(-1)):
+        pos, neg = scores[labels], scores[~labels]
+        # Midranks: rank of each positive among positives, among negatives, and among all.
+        all_ranks = stats.rankdata(np.r_[pos, neg])
+        pos_ranks, neg_ranks = stats.rankdata(pos), stats.rankdata(neg)
+        placements_pos = (all_ranks[:positives] - pos_ranks) / negatives  # share of negatives below each positive
+        placements_neg = 1 - (all_ranks[positives:] - neg_ranks) / positives
+        aucs.append(placements_pos.mean())
+        v10.append(placements_pos)
+        v01.append(placements_neg)
+    s10, s01 = np.cov(np.stack(v10)), np.cov(np.stack(v01))
+    variance = (s10[0, 0] + s10[1, 1] - 2 * s10[0, 1]) / positives + (s01[0, 0] + s01[1, 1] - 2 * s01[0, 1]) / negatives
+    difference = aucs[1] - aucs[0]
+    if variance <= 0:
+        return float(difference), [float(difference)] * 2, 1.0 if difference == 0 else 0.0
+    z = difference / np.sqrt(variance)
+    half = stats.norm.ppf(0.5 + LEVEL / 2) * np.sqrt(variance)
+    return float(difference), [float(difference - half), float(difference + half)], float(2 * stats.norm.sf(abs(z)))

@@ -1,0 +1,343 @@
+"""The numbers a paper reports: test-split evaluation (split=test, metrics_test.json), bootstrap intervals,
+the paired comparison of two runs (python -m tf_harness.compare) and LFW's verification rates.
+
+Intervals and comparisons are checked against scikit-learn's metrics on the same resamples, written out as
+explicit index arrays, never against the vectorised code itself.
+"""
+import contextlib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import accuracy_score, roc_auc_score, roc_curve, top_k_accuracy_score
+
+from tests.conftest import compose, run_cli, task_of
+from tf_harness.experiments import compare, intervals, schema
+
+
+def _sklearn_metrics(task, labels, scores):
+    """experiments/metrics.py's metrics, written again from scikit-learn, for one resample."""
+    if task == "multilabel":
+        aucs = [roc_auc_score(labels[:, k], scores[:, k]) if 0 < labels[:, k].sum() < len(labels) else np.nan
+                for k in range(labels.shape[1])]
+        return {**{f"auc/c{k}": value for k, value in enumerate(aucs)}, "auc/mean": np.nanmean(aucs)}
+    if task == "binary":
+        return {"accuracy": accuracy_score(labels, scores > 0.5), "auc": roc_auc_score(labels, scores)}
+    return {"accuracy": accuracy_score(labels, scores.argmax(-1)),
+            "top5_accuracy": top_k_accuracy_score(labels, scores, k=5, labels=np.arange(scores.shape[1]))}
+
+
+def _resamples(units, resamples, seed):
+    """The resamples `intervals` draws, as explicit example indices."""
+    return [np.repeat(np.arange(len(units)), counts)
+            for chunk in intervals.resampled_weights(units, resamples, seed) for counts in chunk]
+
+
+def _example(task, rng, n=240):
+    patients = rng.integers(0, 60, n)
+    if task == "multilabel":
+        labels = (rng.random((n, 3)) < [0.3, 0.1, 0.5]).astype(int)
+        return labels, np.clip(0.3 * labels + rng.random((n, 3)) * 0.7, 0, 1).round(2), patients
+    if task == "binary":
+        labels = rng.integers(0, 2, n)
+        return labels, np.clip(0.3 * labels + rng.random(n) * 0.7, 0, 1).round(2), patients
+    labels = rng.integers(0, 8, n)
+    scores = rng.random((n, 8)) + 0.5 * np.eye(8)[labels]
+    return labels, scores / scores.sum(axis=1, keepdims=True), patients
+
+
+@pytest.mark.parametrize("task", ["multilabel", "binary", "multiclass"])
+def test_intervals_are_sklearns_percentiles_over_resampled_units(task):
+    rng = np.random.default_rng(1)
+    labels, scores, patients = _example(task, rng)
+    names = [f"c{k}" for k in range(scores.shape[1])] if task == "multilabel" else ["same"]
+    found = intervals.intervals(task, names, labels, scores, patients, 200, seed=7)
+
+    drawn = [_sklearn_metrics(task, labels[rows], scores[rows]) for rows in _resamples(patients, 200, 7)]
+    expected = {f"{name}/ci95": list(np.nanpercentile([d[name] for d in drawn], [2.5, 97.5])) for name in drawn[0]}
+    assert set(found) == set(expected)
+    for name, interval in expected.items():
+        assert found[name] == pytest.approx(interval, abs=1e-9), name
+    assert found == intervals.intervals(task, names, labels, scores, patients, 200, seed=7)  # the same seed
+    assert intervals.intervals(task, names, labels, scores, patients, 0, seed=7) == {}  # evaluation.bootstrap=0
+
+
+def test_a_resample_draws_a_patients_images_together():
+    patients = np.array([5, 5, 5, 9, 9, 1])
+    for counts in next(intervals.resampled_weights(patients, 50, seed=0)):
+        assert counts[0] == counts[1] == counts[2] and counts[3] == counts[4]
+        assert counts[[0, 3, 5]].sum() == 3  # three patients drawn, with replacement
+
+
+def test_the_paired_bootstrap_is_sklearns_difference_on_the_same_resamples():
+    rng = np.random.default_rng(2)
+    labels, scores_a, patients = _example("binary", rng)
+    scores_b = np.clip(scores_a + rng.normal(0.05 * (2 * labels - 1), 0.1), 0, 1)
+    found = intervals.paired("binary", ["same"], labels, scores_a, scores_b, patients, 300, seed=3)
+    for name in ("accuracy", "auc"):
+        differences = np.array([_sklearn_metrics("binary", labels[rows], scores_b[rows])[name]
+                                - _sklearn_metrics("binary", labels[rows], scores_a[rows])[name]
+                                for rows in _resamples(patients, 300, 3)])
+        interval, p = found[name]
+        assert interval == pytest.approx(list(np.percentile(differences, [2.5, 97.5])), abs=1e-9)
+        below, above = (np.sum(differences <= 0) + 1) / 301, (np.sum(differences >= 0) + 1) / 301
+        assert p == pytest.approx(min(1.0, 2 * min(below, above)))
+
+
+def test_delongs_difference_is_sklearns_and_its_p_value_agrees_with_the_bootstrap():
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, 400)
+    scores_a = rng.normal(labels * 0.8, 1.0)
+    scores_b = scores_a + rng.normal(labels * 0.4, 0.5)
+    difference, interval, p = intervals.delong(labels, scores_a, scores_b)
+    assert difference == pytest.approx(roc_auc_score(labels, scores_b) - roc_auc_score(labels, scores_a))
+    assert interval[0] < difference < interval[1] and 0 <= p < 0.05
+    bootstrap_interval, bootstrap_p = intervals.paired("binary", ["same"], labels, 1 / (1 + np.exp(-scores_a)),
+                                                       1 / (1 + np.exp(-scores_b)), np.arange(400), 1000, 0)["auc"]
+    assert interval == pytest.approx(bootstrap_interval, abs=0.01)  # two estimates of one difference's spread
+    assert bootstrap_p < 0.05
+    assert intervals.delong(labels, scores_a, scores_a)[2] == 1.0  # a run against itself
+
+
+# LFW's verification rates -------------------------------------------------------------------------------------
+
+def test_lfw_verification_rates_per_fold_follow_their_definitions():
+    rng = np.random.default_rng(5)
+    labels = np.tile(np.repeat([1, 0], 150), 10)
+    table = pd.DataFrame({"label": labels, "fold": np.repeat(np.arange(10), 300)})
+    scores = rng.normal(labels * 2.0, 1.0)
+    found = task_of(compose("dataset=lfw_pairs")).protocol_metrics(table, scores)
+    rates = {"eer": [], "tar_at_far_1e-2": [], "tar_at_far_1e-3": []}
+    for fold in range(10):
+        y, s = labels[table.fold == fold], scores[table.fold == fold]
+        thresholds = np.sort(np.unique(s))
+        accept = np.array([(s[y == 0] >= t).mean() for t in thresholds])  # false accept rate at each threshold
+        true = np.array([(s[y == 1] >= t).mean() for t in thresholds])
+        for name, far in (("tar_at_far_1e-2", 1e-2), ("tar_at_far_1e-3", 1e-3)):
+            rates[name].append(true[accept <= far].max())
+        closest = np.argmin(np.abs(accept - (1 - true)))  # where false accepts and false rejects cross
+        rates["eer"].append((accept[closest] + 1 - true[closest]) / 2)
+    for name, values in rates.items():
+        tolerance = 1 / 150 if name == "eer" else 1e-12  # the EER is interpolated between two thresholds
+        assert found[name] == pytest.approx(np.mean(values), abs=tolerance), name
+        assert found[f"{name}/std"] == pytest.approx(np.std(values, ddof=1), abs=tolerance), name
+
+
+# The config --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides, named", [
+    (("split=test",), "split=test is for mode=evaluate|predict"),
+    (("mode=export", "split=validation"), "split=validation is for mode=evaluate|predict"),
+    (("mode=evaluate", "dataset=imagenet_det", "split=test"), "split=test: dataset=imagenet_det has no test split"),
+    (("mode=evaluate", "split=train"), "split=train is not one of validation|test"),
+    (("evaluation.bootstrap=-1",), "evaluation.bootstrap=-1 is not an integer >= 0"),
+])
+def test_a_bad_split_or_bootstrap_is_one_config_line(overrides, named):
+    assert schema.first_problem(compose(*overrides)).startswith(named)
+
+
+def test_split_test_in_a_training_run_exits_2_before_tensorflow(tmp_path):
+    result = run_cli("split=test", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("config error: split=test is for mode=evaluate")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_good_split_values_pass():
+    for overrides in [("mode=evaluate", "split=test"), ("mode=predict", "split=validation"),
+                      ("mode=evaluate", "dataset=lfw_pairs", "split=test"), ("evaluation.bootstrap=0",)]:
+        assert schema.first_problem(compose(*overrides)) is None, overrides
+
+
+# The evaluator: what it writes where ---------------------------------------------------------------------------
+
+class _Trainer:
+    """Stands in for experiments/trainer.py's Trainer: fixed logits per example, at a settable global step."""
+
+    def __init__(self, logits, step):
+        self.logits, self.step = logits, step
+
+    def averaged(self):
+        return contextlib.nullcontext()
+
+    def eval_step(self, features, labels, weights):
+        import tensorflow as tf
+        return tf.constant(0.5 * len(features)), tf.constant(self.logits[features])
+
+
+class _Summaries:
+    def scalars(self, *args):
+        pass
+
+    def evaluation(self, *args):
+        pass
+
+
+def _evaluator(tmp_path, step, chosen=None, bootstrap=0):
+    import tensorflow as tf
+    from tf_harness.experiments.evaluation import Evaluator
+
+    rng = np.random.default_rng(0)
+    task = task_of(compose("dataset=lfw_pairs"))
+    labels = np.tile([1, 0], 20)
+    table = pd.DataFrame({"path_a": [f"a{k}.jpg" for k in range(40)], "path_b": [f"b{k}.jpg" for k in range(40)],
+                          "label": labels, "fold": np.repeat(np.arange(2), 20)})
+    logits = rng.normal(labels * 1.5 - 0.75, 1.0).reshape(-1, 1).astype(np.float32)
+
+    def input_fn(split, rows=None):
+        return [(tf.range(k, min(k + 8, 40)), None, tf.ones([min(8, 40 - k)])) for k in range(0, 40, 8)]
+
+    evaluator = Evaluator(task, _Trainer(logits, step), {"validation": table, "test": table}, _Summaries(), tmp_path,
+                          batch_size=8, eval_steps=None, seed=42, input_fn=input_fn, note_unreadable=lambda: None,
+                          chosen=chosen, bootstrap=bootstrap)
+    return evaluator, labels, logits
+
+
+def test_evaluating_an_older_checkpoint_leaves_the_training_runs_record_and_re_entry_alone(tmp_path):
+    """`mode=evaluate checkpoint=best` used to replace metrics.json with the best step's record, dropping
+    `stopped_early`; the next training re-entry then redid the last evaluation as if it had been interrupted."""
+    from tf_harness.experiments.run_dir.directory import RunDirectory
+
+    last = {"accuracy": 0.5, "global_step": 4, "stopped_early": True, "best_global_step": 2, "best_value": 0.9}
+    (tmp_path / "metrics.json").write_text(json.dumps(last))
+    before = (tmp_path / "metrics.json").read_bytes()
+    evaluator, _, _ = _evaluator(tmp_path, step=2, chosen="best")
+    evaluator.evaluate()
+    assert (tmp_path / "metrics.json").read_bytes() == before
+    assert RunDirectory(tmp_path).evaluated(4)  # a re-entry finds its last evaluation made
+    beside = json.loads((tmp_path / "metrics_validation.json").read_text())
+    assert beside["global_step"] == 2 and beside["checkpoint"] == "best"
+    assert not (tmp_path / "metrics.jsonl").exists()  # the training run's history has no step 2 after step 4
+
+    evaluator, _, _ = _evaluator(tmp_path, step=4, chosen="latest")  # the step metrics.json holds: rewritten
+    evaluator.evaluate()
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    assert record["global_step"] == 4 and record["stopped_early"] is True and record["best_global_step"] == 2
+
+
+def test_a_test_evaluation_writes_metrics_test_json_with_sklearns_intervals_and_leaves_metrics_json(tmp_path):
+    (tmp_path / "metrics.json").write_text('{"global_step": 4}')
+    evaluator, labels, logits = _evaluator(tmp_path, step=4, chosen="latest", bootstrap=300)
+    evaluator.evaluate("test")
+    assert (tmp_path / "metrics.json").read_text() == '{"global_step": 4}'
+    record = json.loads((tmp_path / "metrics_test.json").read_text())
+    assert record["split"] == "test" and record["examples"] == 40 and record["bootstrap"]["resamples"] == 300
+    scores = 1 / (1 + np.exp(-logits.reshape(-1).astype(np.float64)))
+    assert record["auc"] == pytest.approx(roc_auc_score(labels, scores))
+    drawn = [roc_auc_score(labels[rows], scores[rows]) for rows in _resamples(np.arange(40), 300, 42)]
+    assert record["auc/ci95"] == pytest.approx(list(np.percentile(drawn, [2.5, 97.5])), abs=1e-6)
+    assert {"accuracy/ci95", "eer", "eer/std", "tar_at_far_1e-2/std"} <= set(record)
+
+
+def test_lfw_predictions_name_each_pairs_fold_and_the_split(tmp_path):
+    evaluator, _, _ = _evaluator(tmp_path, step=4)
+    evaluator.predict("test")
+    predictions = pd.read_csv(tmp_path / "predictions.csv")
+    assert list(predictions.fold) == [0] * 20 + [1] * 20 and set(predictions.split) == {"test"}
+
+
+def test_each_lfw_evaluation_shows_its_roc_curve_in_tensorboard(tmp_path):
+    import tensorflow as tf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tf_harness.experiments import review
+
+    spec = task_of(compose("dataset=lfw_pairs")).SPEC
+    with tf.summary.create_file_writer(str(tmp_path)).as_default():
+        review.write_evaluation(spec, np.tile([1, 0], 10), np.linspace(0, 1, 20), step=3)
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0}).Reload()
+    assert "roc" in events.Tags()["tensors"]
+    assert [event.step for event in events.Tensors("roc")] == [3]
+
+
+# The comparison -----------------------------------------------------------------------------------------------
+
+def _run(folder, dataset, predictions):
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text(f"dataset:\n  name: {dataset}\n")
+    predictions.to_csv(folder / "predictions.csv", index=False)
+    return folder
+
+
+def _chest_predictions(rng, scores=None, split="test"):
+    findings = ["Atelectasis", "Cardiomegaly", "Effusion"]
+    labels = (rng.random((300, 3)) < 0.3).astype(int)
+    scores = np.clip(0.25 * labels + rng.random((300, 3)) * 0.75, 0, 1) if scores is None else scores
+    table = pd.DataFrame({"path": [f"/data/images/{k:08d}_000.png" for k in range(300)],
+                          "patient_id": np.repeat(np.arange(100), 3)})
+    table[findings] = scores
+    table[[f"label/{name}" for name in findings]] = labels
+    table["global_step"], table["split"] = 9, split
+    return table
+
+
+def test_compare_scores_two_runs_as_sklearn_does_resampling_patients(tmp_path, capsys):
+    rng = np.random.default_rng(6)
+    a = _chest_predictions(rng)
+    b = a.copy()
+    b[["Atelectasis", "Cardiomegaly", "Effusion"]] = np.clip(a[["Atelectasis", "Cardiomegaly", "Effusion"]]
+                                                             + rng.normal(0, 0.1, (300, 3)), 0, 1)
+    run_a, run_b = _run(tmp_path / "a", "chest_xray", a), _run(tmp_path / "b", "chest_xray", b)
+    assert compare.main([str(run_a), str(run_b), "--resamples", "200"]) == 0
+    printed = capsys.readouterr().out
+    assert "300 examples (100 patient_ids)" in printed
+
+    _, rows = compare.compare(run_a, run_b, "test", 200, 42)
+    rows = {row["metric"]: row for row in rows}
+    labels = a[[c for c in a if c.startswith("label/")]].to_numpy()
+    scores_a, scores_b = a[["Atelectasis", "Cardiomegaly", "Effusion"]].to_numpy(), \
+        b[["Atelectasis", "Cardiomegaly", "Effusion"]].to_numpy()
+    auc = lambda y, s: np.mean([roc_auc_score(y[:, k], s[:, k]) for k in range(3)])  # noqa: E731
+    assert rows["auc/mean"]["a"] == pytest.approx(auc(labels, scores_a))
+    assert rows["auc/mean"]["difference"] == pytest.approx(auc(labels, scores_b) - auc(labels, scores_a))
+    differences = [auc(labels[r], scores_b[r]) - auc(labels[r], scores_a[r])
+                   for r in _resamples(a.patient_id.to_numpy(), 200, 42)]
+    assert rows["auc/mean"]["interval"] == pytest.approx(list(np.percentile(differences, [2.5, 97.5])), abs=1e-9)
+    assert rows["auc/mean"]["test"].startswith("paired bootstrap")
+    assert f"{rows['auc/mean']['p']:7.4f}" in printed
+
+
+def test_compare_refuses_runs_of_other_examples_in_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(7)
+    a = _chest_predictions(rng)
+    run_a = _run(tmp_path / "a", "chest_xray", a)
+    moved = a.copy()
+    moved["path"] = moved.path.str.replace("/data/", "/elsewhere/")
+    cases = {"another dataset": _run(tmp_path / "lfw", "lfw_pairs", a),
+             "another split": _run(tmp_path / "validation", "chest_xray", _chest_predictions(rng, split="validation")),
+             "another root": _run(tmp_path / "root", "chest_xray", moved),
+             "fewer examples": _run(tmp_path / "fewer", "chest_xray", a.iloc[:-1]),
+             "no predictions": tmp_path / "none"}
+    for why, run_b in cases.items():
+        assert compare.main([str(run_a), str(run_b)]) == 2, why
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("compare: "), why
+
+
+@pytest.mark.slow  # four end-to-end LFW runs, about a minute on 2 cores
+def test_test_split_evaluation_predictions_and_compare_end_to_end(tmp_path):
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run_dir, steps in zip(runs, (4, 8)):
+        trained = run_cli("dataset=lfw_pairs", "experiment=smoke", f"trainer.train_steps={steps}",
+                          f"hydra.run.dir={run_dir}")
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        before = (run_dir / "metrics.json").read_bytes()
+        evaluated = run_cli(f"hydra.run.dir={run_dir}", "mode=evaluate", "split=test")
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        assert (run_dir / "metrics.json").read_bytes() == before
+        record = json.loads((run_dir / "metrics_test.json").read_text())
+        assert record["examples"] == 600 and record["global_step"] == steps  # View 2: the sample's ten folds
+        predicted = run_cli(f"hydra.run.dir={run_dir}", "mode=predict", "split=test")
+        assert predicted.returncode == 0, predicted.stderr[-3000:]
+        predictions = pd.read_csv(run_dir / "predictions.csv")
+        assert record["auc"] == pytest.approx(roc_auc_score(predictions.label, predictions.same), abs=1e-6)
+        assert sorted(predictions.fold.unique()) == list(range(10))
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", "tf_harness.compare", *map(str, runs)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = (pd.read_csv(run_dir / "predictions.csv") for run_dir in runs)
+    auc_line = next(line for line in result.stdout.splitlines() if line.startswith("auc "))
+    assert f"{roc_auc_score(b.label, b.same) - roc_auc_score(a.label, a.same):+8.4f}" in auc_line
+    assert auc_line.endswith("DeLong")

@@ -44,6 +44,11 @@ def setup() -> None:
     # On a full disk run.log cannot be written either: without this, each log line would print a traceback.
     logging.raiseExceptions = False
     register_resolvers()
+    # The harness's Optuna sweeper (hparams_search=optuna) is a Hydra plugin, which Hydra finds only in the
+    # hydra_plugins namespace: experiments/plugins/hydra_plugins/tf_harness_sweeper.py.
+    plugins = str(Path(__file__).resolve().parent / "plugins")
+    if plugins not in sys.path:
+        sys.path.append(plugins)
 
 
 def register_resolvers() -> None:
@@ -193,6 +198,9 @@ def guarded(task, cfg, problem) -> Outcome:
 
     try:
         metric = task(settings)
+    except KeyboardInterrupt as interrupt:
+        interrupts.requeue(interrupt)  # SIGUSR2 under submitit: the run saved; the job is requeued (and exits)
+        raise
     except ConfigError as error:
         return _failed(f"config error: {_one_line(error)}", 2)
     except (DatasetError, NonFiniteLossError, UnrestorableError, Stalled) as error:

@@ -22,7 +22,8 @@ from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import export, metrics, recipes, review, sidecar, strategies, warm_start, xla_cache
+from tf_harness.experiments import (export, metrics, pruning, recipes, review, sidecar, strategies, study,
+                                    warm_start, xla_cache)
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
@@ -118,8 +119,10 @@ def run(settings: Settings):
     summaries = Summaries(str(model_dir), splits if writes else ("validation",) if evaluator else ())
     if writes:
         summaries.hparams(settings, task.SPEC.task, HydraConfig.get())
+    # A trial of a stored Optuna study with sweep.pruner: the trial its evaluations are reported to.
+    trial = study.job_trial(HydraConfig.get()) if settings.select("sweep", {}).get("pruner") else None
     controller = Controller(settings, task, pipeline, trainer, summaries, run_dir, tables, skipped, clock,
-                            context=strategies.input_context(strategy), writes=writes)
+                            context=strategies.input_context(strategy), writes=writes, trial=trial)
 
     # Restore: 1. the run's own newest restorable checkpoint, 2. trainer.init_checkpoint, 3. scratch ------------
     # Training restores its input iterator too; evaluate, predict and export the checkpoint `checkpoint=` names;
@@ -148,11 +151,12 @@ class Controller:
     checkpointing; evaluates, predicts or exports a restored checkpoint; or evaluates each new checkpoint."""
 
     def __init__(self, settings, task, pipeline, trainer, summaries, run_dir: RunDirectory, tables, skipped, clock,
-                 context=None, writes=True):
+                 context=None, writes=True, trial=None):
         """`skipped`: the run's SkipLog, which grows by the image files that fail to decode mid-run;
         `context`: this worker's tf.distribute.InputContext for training input; `clock`: the start-up clock,
         whose line `train` logs after its first loop; `writes`: whether this process writes the trainer's files
-        (skipped.csv, train/): the chief of a training run, never the sidecar evaluator."""
+        (skipped.csv, train/): the chief of a training run, never the sidecar evaluator; `trial`: the job's
+        study.JobTrial, which a training run's evaluations are reported to (sweep.pruner)."""
         self.settings, self.trainer_settings = settings, settings.trainer
         self.task, self.spec, self.pipeline, self.trainer = task, task.SPEC, pipeline, trainer
         self.summaries, self.run_dir, self.tables, self.skipped = summaries, run_dir, tables, skipped
@@ -165,6 +169,8 @@ class Controller:
                                    write=run_dir.chief, beside=sidecar.wanted(settings))
         self.note_unreadable()  # what an earlier life of this run found
         self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
+        pruner = settings.select("sweep", {}).get("pruner") if writes and settings.mode in TRAINING_MODES else None
+        self.pruning = pruning.Pruning(pruner, trial, self.recipes.objective, self.model_dir, run_dir.chief)
 
     # Input ---------------------------------------------------------------------------------------------------
     def _input_fn(self, split, training, rows=None):
@@ -195,6 +201,7 @@ class Controller:
         and early stopping (experiments/recipes.py)."""
         values = self.evaluator.evaluate()
         self.recipes.evaluated(values, self.trainer.step)
+        self.pruning.evaluated(values, self.trainer.step)  # sweep.pruner
         return values
 
     def predict(self):
@@ -253,7 +260,7 @@ class Controller:
                     and not self.run_dir.evaluated(step):
                 log.info("Redoing the evaluation at global step %d, which was interrupted", step)
                 self.evaluate()
-            while step < target and not self.recipes.stopped:  # trainer.early_stopping
+            while step < target and not (self.recipes.stopped or self.pruning.stopped):  # early stopping, pruning
                 profiler.update(step)
                 length = profiler.loop_length(step, loop_length(step, trainer.steps_per_loop, target, intervals))
                 # A signal waits for the loop's end (experiments/run_dir/interrupts.py): the loop, its summary and
@@ -294,7 +301,7 @@ class Controller:
         finally:
             profiler.close()
             progress.close()
-        if self.recipes.stopped:  # the step it stopped at is evaluated; it is saved too
+        if self.recipes.stopped or self.pruning.stopped:  # the step it stopped at is evaluated; it is saved too
             return self.recipes.save_stop(manager, self._save_finite)
         if evaluate and (step > start or not self.run_dir.evaluated(step)):  # done already if interrupted after it
             self.evaluate()

@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments import hparams
 from tf_harness.experiments.schema import EVALUATING_MODES
+from tf_harness.experiments.sweep_folder import SweepFolder
 
 log = logging.getLogger(__name__)
 OUTCOME = "job_outcome.json"
@@ -162,6 +163,8 @@ class SweepReport(Callback):
     def __init__(self):
         self._recorded = {}  # run directory -> whether it held an HParams record when its job started
         self._before = None  # outcome_files of the sweep directory when the sweep started
+        self._folder = None  # the SweepFolder this sweep holds
+        self._study = None  # the StoredStudy the sweep adds to, or None
 
     def on_job_start(self, config, **kwargs) -> None:
         run_dir = str(config.hydra.runtime.output_dir)
@@ -201,7 +204,9 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         from tf_harness.experiments import cli
-        check_storage(config)
+        self._folder = SweepFolder.claim(sweep_dir_of(config),
+                                         list(OmegaConf.select(config, "hydra.overrides.task", default=None) or []))
+        self._study = stored_study(config)
         self._before = outcome_files(sweep_dir_of(config))
         # Hydra calls on_multirun_end only for a sweep that reaches its end; exit_code reports one stopped before.
         cli.sweep_running(lambda interrupt: self.on_multirun_stopped(config, interrupt))
@@ -210,7 +215,12 @@ class SweepReport(Callback):
         from tf_harness.experiments import cli
         cli.sweep_running(None)
         outcomes = self.outcomes(config)
-        print("\n".join(report_lines(outcomes, sweep_dir_of(config))), file=sys.stderr)
+        lines = report_lines(outcomes, sweep_dir_of(config))
+        if self._study is not None:
+            lines.append(self._study.summary())
+        print("\n".join(lines), file=sys.stderr)
+        if self._folder is not None:
+            self._folder.release()
         failed = [o for o in outcomes if o["status"]]
         if failed:
             cli.note_status(max(o["status"] for o in failed))
@@ -223,33 +233,14 @@ class SweepReport(Callback):
         outcomes = self.outcomes(config, interrupt)
         if outcomes:
             print("\n".join(report_lines(outcomes, sweep_dir_of(config))), file=sys.stderr)
+        if self._folder is not None:
+            self._folder.release(ran=bool(outcomes))
 
     def outcomes(self, config, interrupt=None) -> list:
         """The outcomes of the sweep's jobs, in job order. `interrupt`: the line of the signal that stopped the
         sweep ('interrupted by SIGINT'), which stopped each job that ran without writing its outcome."""
         return sorted(sweep_outcomes(sweep_dir_of(config), self._before, interrupt),
                       key=lambda o: (o["job"] is None, o["job"] or 0, o["run_dir"]))
-
-
-def check_storage(config) -> None:
-    """Exits 2 with one `config error` line when the sweeper's study storage (hydra.sweeper.storage, Optuna's)
-    cannot be opened: a file that is not a database, say, which Optuna's sweeper would meet with a traceback once
-    the sweep starts. Nothing happens without one. (SystemExit, because Hydra turns a callback's exception into a
-    warning and goes on.)"""
-    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
-    if not isinstance(storage, str) or not storage:
-        return
-    import optuna
-
-    try:
-        optuna.storages.get_storage(storage)
-    except Exception as error:  # noqa: BLE001  SQLAlchemy's and the database driver's errors, Optuna's own
-        cause = getattr(error, "orig", None) or error
-        why = " ".join(str(cause).split())[:200]
-        what = f"{type(cause).__name__}: {why}" if why else type(cause).__name__
-        print(f"config error: hydra.sweeper.storage={storage} cannot be opened as a study storage ({what}); move "
-              f"the file away, or name another storage", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def sweep_dir_of(config) -> Path:
@@ -357,3 +348,33 @@ def job_name(outcome) -> str:
     """`job <n> (<overrides>)`, as much of it as is known."""
     name = "job" if outcome["job"] is None else f"job {outcome['job']}"
     return name if outcome["overrides"] is None else f"{name} ({' '.join(outcome['overrides'])})"
+
+
+class StoredStudy:
+    """The Optuna study a sweep adds to (hydra.sweeper.storage), as plain values: its summary line is the sweep
+    report's last (experiments/study.py), counting every trial of the study, whichever process ran it."""
+
+    def __init__(self, storage: str, name: str, direction: str):
+        self.storage, self.name, self.direction = storage, name, direction
+
+    def summary(self) -> str:
+        import optuna
+
+        from tf_harness.experiments import study
+        try:
+            return study.summary_line(optuna.load_study(study_name=self.name, storage=study.open_storage(self.storage)),
+                                      self.direction)
+        except Exception as error:  # noqa: BLE001  the server went away since: said, not a traceback
+            return f"study {self.name}: cannot be read back ({' '.join(str(error).split())[:200]})"
+
+
+def stored_study(config):
+    """The StoredStudy of the harness's Optuna sweeper (hparams_search=optuna) with a storage, else None."""
+    sweeper = OmegaConf.select(config, "hydra.sweeper", default=None) or {}
+    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(".StudySweeper") \
+            or not isinstance(storage, str) or not storage:
+        return None
+    direction = sweeper.get("direction")
+    direction = getattr(direction, "name", direction)
+    return StoredStudy(storage, str(sweeper.get("study_name")), str(direction))

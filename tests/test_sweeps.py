@@ -536,7 +536,10 @@ def test_an_optuna_sweep_whose_trials_fail_reports_them_without_a_traceback(tmp_
                      f"hydra.sweep.dir={tmp_path}", timeout=180)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "2 of 2 jobs failed:" in result.stderr
-    assert last_line(result.stderr) == f"2 jobs ran, 2 failed; no job reported a validation metric: {tmp_path}"
+    lines = result.stderr.rstrip().splitlines()
+    assert lines[-2] == f"2 jobs ran, 2 failed; no job reported a validation metric: {tmp_path}"
+    assert lines[-1] == "study lfw_pairs: 2 trials, 0 complete, 0 pruned, 2 failed; no trial completed with a value"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".sweep-lock", "0", "1", "optuna.db"]
 
 
 @pytest.mark.slow

@@ -13,12 +13,16 @@ attempt finds the tables made). Nothing here imports TensorFlow.
 """
 import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 # Where the harness's sweeper (experiments/plugins/) keeps each trial's run directory, among the trial's user attrs.
 RUN_DIR_ATTR = "run_dir"
+# Tries at making a storage's tables: each process that loses a race to make them tries again (four processes
+# starting at once on a fresh PostgreSQL database needed more than two).
+ATTEMPTS = 5
 
 
 class StorageError(Exception):
@@ -44,8 +48,8 @@ def shown(url: str) -> str:
 
 
 def open_storage(url: str):
-    """The Optuna RDB storage at `url`, its tables made (a second attempt where another process was making them at
-    the same moment). Raises StorageError with the one line; a SQLite file, or the folders above it, that this
+    """The Optuna RDB storage at `url`, its tables made (another attempt where other processes were making them at
+    the same moment: a unique violation). Raises StorageError with the one line; a SQLite file, or the folders above it, that this
     attempt made are removed first."""
     import optuna
     import sqlalchemy.exc
@@ -53,12 +57,13 @@ def open_storage(url: str):
     url = absolute(url)
     made = _sqlite_parts_missing(url)
     try:
-        for attempt in (1, 2):
+        for attempt in range(1, ATTEMPTS + 1):
             try:
                 return optuna.storages.RDBStorage(url)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-                if attempt == 2:
+                if attempt == ATTEMPTS:
                     raise
+                time.sleep(0.2 * attempt)
     except Exception as error:  # noqa: BLE001  SQLAlchemy's, the driver's and Optuna's errors all become the line
         _remove(made)
         raise StorageError(refusal(url, error)) from None

@@ -599,17 +599,71 @@ def test_a_sweep_job_whose_saved_config_is_gone_is_refused_not_run_over_its_chec
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["global_step"] == 4  # the other job resumed
 
 
-def test_a_study_storage_that_is_not_a_database_is_one_config_error_line(tmp_path, capsys):
-    from tf_harness.experiments.sweep_report import check_storage
+# A sweep folder is written only by the sweep that owns it -----------------------------------------------------------
 
-    garbled = tmp_path / "study.db"
-    garbled.write_bytes(bytes(range(256)) * 12)
-    config = OmegaConf.create({"hydra": {"sweeper": {"storage": f"sqlite:///{garbled}"}}})
+def multirun_record(sweep_dir, overrides):
+    """The multirun.yaml a finished sweep with the command line `overrides` left in `sweep_dir`."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create({"hydra": {"overrides": {"task": list(overrides)}}}), sweep_dir / "multirun.yaml")
+
+
+def test_a_second_sweep_into_a_folder_in_use_is_refused_before_any_job_runs(tmp_path, capsys):
+    """It ran: its job 0 was refused ("in use by pid ..."), yet its summary named job 0's result, the first's."""
+    from tf_harness.experiments.sweep_folder import SweepFolder
+    first = SweepFolder.claim(tmp_path, ["seed=1,2"])
+    with pytest.raises(SystemExit) as refused:
+        SweepFolder.claim(tmp_path, ["seed=1,2"])
+    assert refused.value.code == 2
+    line, = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"config error: hydra.sweep.dir={tmp_path} is in use by the sweep of pid ")
+    first.release()
+    SweepFolder.claim(tmp_path, ["seed=1,2"]).release()  # once the first has ended, the same sweep may run again
+
+
+@pytest.mark.parametrize("again, refused", [
+    (["seed=1,2"], False),
+    (["seed=1,2", "trainer.train_steps=8"], False),  # a run-control key: the same sweep, with a larger budget
+    (["seed=3,4"], True),
+    (["seed=1,2", "trainer.learning_rate=0.1"], True)])
+def test_a_sweep_with_other_values_is_refused_as_a_whole_in_a_finished_sweeps_folder(tmp_path, capsys, again,
+                                                                                      refused):
+    """Refused job by job, it rewrote the finished jobs' job_outcome.json (status 0 became 2) and multirun.yaml."""
+    from tf_harness.experiments.sweep_folder import SweepFolder
+    multirun_record(tmp_path, ["seed=1,2"])
+    record = (tmp_path / "multirun.yaml").read_bytes()
+    if not refused:
+        SweepFolder.claim(tmp_path, again).release()
+        return
     with pytest.raises(SystemExit) as stopped:
-        check_storage(config)
+        SweepFolder.claim(tmp_path, again)
     assert stopped.value.code == 2
-    assert capsys.readouterr().err.splitlines() == [
-        f"config error: hydra.sweeper.storage=sqlite:///{garbled} cannot be opened as a study storage (DatabaseError: "
-        f"file is not a database); move the file away, or name another storage"]
-    assert garbled.read_bytes() == bytes(range(256)) * 12
-    check_storage(OmegaConf.create({"hydra": {"sweeper": {"storage": None}}}))
+    line, = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"config error: hydra.sweep.dir={tmp_path} holds another sweep (")
+    assert (tmp_path / "multirun.yaml").read_bytes() == record
+
+
+def test_a_folder_whose_multirun_record_is_unreadable_leaves_each_job_to_its_own_check(tmp_path):
+    from tf_harness.experiments.sweep_folder import SweepFolder
+    tmp_path.joinpath("multirun.yaml").write_bytes(bytes(range(256)))
+    SweepFolder.claim(tmp_path, ["seed=3"]).release()
+
+
+def test_a_sweep_that_made_its_folder_and_ran_no_job_leaves_no_folder(tmp_path):
+    from tf_harness.experiments.sweep_folder import SweepFolder
+    SweepFolder.claim(tmp_path / "sweep", ["seed=1"]).release(ran=False)
+    assert not (tmp_path / "sweep").exists()
+    SweepFolder.claim(tmp_path, ["seed=1"]).release(ran=False)  # one it did not make stays
+    assert tmp_path.is_dir()
+
+
+@pytest.mark.slow
+def test_a_sweep_with_other_values_into_a_finished_sweeps_folder_rewrites_none_of_its_records(tmp_path):
+    args = ("-m", *SMOKE, "trainer.train_steps=2", "trainer.eval_steps=1", f"hydra.sweep.dir={tmp_path}")
+    first = run_cli(*args, "seed=1,2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    records = {path: path.read_bytes() for path in [tmp_path / "multirun.yaml", *tmp_path.glob("*/job_outcome.json")]}
+    other = run_cli(*args, "seed=3,4", timeout=120)
+    assert other.returncode == 2, other.stderr[-3000:]
+    assert other.stderr.strip().splitlines()[-1].startswith(f"config error: hydra.sweep.dir={tmp_path} holds another "
+                                                             "sweep (seed=1,2 there, 3,4 here)")
+    assert {path: path.read_bytes() for path in records} == records

@@ -49,9 +49,11 @@ class _StudySweeperImpl(OptunaSweeperImpl):
             raise HydraException(f"sweep.pruner={pruner} needs a stored study: set hydra.sweeper.storage (the "
                                  "default of hparams_search=optuna), not null")
         sweep_dir = os.path.abspath(str(self.config.hydra.sweep.dir))
+        stored = None  # the storage read past the study's cache: what a job told its trial
         if self.storage:
             try:
                 study = studies.create(str(self.storage), self.study_name, directions, self.sampler)
+                stored = studies.open_storage(str(self.storage))
             except studies.StorageError as error:
                 raise HydraException(str(error)) from None
         else:
@@ -71,7 +73,7 @@ class _StudySweeperImpl(OptunaSweeperImpl):
                 run = [pair for _, pair in run]
                 returns += self.launcher.launch([o for _, o in run], initial_job_idx=run[0][0].number)
             for trial, ret in zip(trials, returns):
-                _tell(study, trial, ret, len(directions))
+                _tell(study, stored, trial, ret, len(directions))
             to_go -= len(trials)
         self._save_results(study, directions)
 
@@ -89,12 +91,12 @@ class _StudySweeperImpl(OptunaSweeperImpl):
         OmegaConf.save(OmegaConf.create(results), f"{self.config.hydra.sweep.dir}/optimization_results.yaml")
 
 
-def _tell(study, trial, ret, objectives) -> None:
-    """Tells `study` how the job `ret` of `trial` ended: its value, or FAIL for a job that raised; a trial its job
-    already ended (pruned) is left as the job told it."""
+def _tell(study, stored, trial, ret, objectives) -> None:
+    """Tells `study` how the job `ret` of `trial` ended: its value, or FAIL for a failed job; a trial its job
+    already ended (pruned) in the storage `stored` is left as the job told it."""
     from optuna.trial import TrialState
 
-    if study._storage.get_trial(trial._trial_id).state.is_finished():
+    if stored is not None and stored.get_trial(trial._trial_id).state.is_finished():
         return
     try:
         value = ret.return_value  # raises what the job raised, as Hydra's sweeper lets it

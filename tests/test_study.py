@@ -168,20 +168,22 @@ def test_a_submitit_job_signalled_before_its_time_limit_saves_is_requeued_and_en
         tmp_path):
     """submitit_local with timeout_min=1 signals SIGUSR2 30 s before the limit; the requeued job resumes."""
     import numpy as np
-    steps = ("trainer.train_steps=400", "trainer.eval_every=400", "trainer.eval_steps=1", "trainer.checkpoint_every=400",
+    # Long enough that the signal lands in training, whatever the machine's speed: about a minute on 2 cores.
+    steps = ("trainer.train_steps=1500", "trainer.eval_every=1500", "trainer.eval_steps=1",
+             "trainer.checkpoint_every=1500",
              "trainer.log_every=20", "trainer.steps_per_loop=1", "pipeline.batch_size=4", "deterministic=true")
     sweep = run_cli("-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=1", *SMOKE, *steps,
                     f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=900)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
-    logs = "".join(path.read_text() for path in (tmp_path / "sweep" / ".submitit").rglob("*.err"))
+    logs = "".join(path.read_text() for path in (tmp_path / "sweep" / ".submitit").rglob("*_log.*"))
     assert "Requeued job" in logs, logs[-3000:]
     run_log = (tmp_path / "sweep" / "0" / "run.log").read_text()
     assert "Interrupted at global step" in run_log and "Resumed from" in run_log, run_log[-3000:]
-    assert json.loads((tmp_path / "sweep" / "0" / "metrics.json").read_text())["global_step"] == 400
+    assert json.loads((tmp_path / "sweep" / "0" / "metrics.json").read_text())["global_step"] == 1500
     single = run_cli(*SMOKE, *steps, f"hydra.run.dir={tmp_path / 'single'}")
     assert single.returncode == 0, single.stderr[-3000:]
-    requeued = variables(tmp_path / "sweep" / "0" / "checkpoints" / "ckpt-400")
-    uninterrupted = variables(tmp_path / "single" / "checkpoints" / "ckpt-400")
+    requeued = variables(tmp_path / "sweep" / "0" / "checkpoints" / "ckpt-1500")
+    uninterrupted = variables(tmp_path / "single" / "checkpoints" / "ckpt-1500")
     assert requeued.keys() == uninterrupted.keys() and requeued
     assert all(np.array_equal(requeued[name], uninterrupted[name]) for name in requeued)
 

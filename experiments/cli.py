@@ -199,8 +199,10 @@ def guarded(task, cfg, problem) -> Outcome:
     try:
         metric = task(settings)
     except KeyboardInterrupt as interrupt:
-        interrupts.requeue(interrupt)  # SIGUSR2 under submitit: the run saved; the job is requeued (and exits)
-        raise
+        not_requeued = interrupts.requeue(interrupt)  # SIGUSR2 under submitit: saved; requeued (and exits)
+        if not_requeued is None:
+            raise
+        return _failed(f"error: {not_requeued}", 1)
     except ConfigError as error:
         return _failed(f"config error: {_one_line(error)}", 2)
     except (DatasetError, NonFiniteLossError, UnrestorableError, Stalled) as error:

@@ -147,8 +147,15 @@ def test_sigusr2_stops_the_run_then_goes_to_the_launchers_handler(monkeypatch):
         assert called == []  # the run saves first
         interrupts.requeue(stopped.value)
         assert called == [signal.SIGUSR2]
-        interrupts.requeue(interrupts.Interrupted(signal.SIGTERM))  # any other signal is not handed on
+        assert interrupts.requeue(interrupts.Interrupted(signal.SIGTERM)) is None  # any other is not handed on
         assert called == [signal.SIGUSR2]
+
+        def refuse(signum, frame):
+            raise RuntimeError("Job not requeued because: timed-out too many times.")
+
+        interrupts._requeue = refuse
+        line = interrupts.requeue(stopped.value)
+        assert line.startswith("stopped by SIGUSR2 before the time limit and not requeued (Job not requeued")
     finally:
         interrupts._finished, interrupts._requeue = False, None
         interrupts._pending.clear()
@@ -166,24 +173,33 @@ def variables(checkpoint_prefix):
 @pytest.mark.slow
 def test_a_submitit_job_signalled_before_its_time_limit_saves_is_requeued_and_ends_as_an_uninterrupted_one(
         tmp_path):
-    """submitit_local with timeout_min=1 signals SIGUSR2 30 s before the limit; the requeued job resumes."""
+    """SIGUSR2, as submitit sends it before a job's time limit, sent to a submitit_local job while it trains (a
+    time limit of a minute, the shortest Hydra's launcher takes, is mostly start-up on 2 busy cores)."""
     import numpy as np
-    # Long enough that the signal lands in training, whatever the machine's speed: about a minute on 2 cores.
-    steps = ("trainer.train_steps=1500", "trainer.eval_every=1500", "trainer.eval_steps=1",
-             "trainer.checkpoint_every=1500",
+    steps = ("trainer.train_steps=1200", "trainer.eval_every=1200", "trainer.eval_steps=1",
+             "trainer.checkpoint_every=1200",
              "trainer.log_every=20", "trainer.steps_per_loop=1", "pipeline.batch_size=4", "deterministic=true")
-    sweep = run_cli("-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=1", *SMOKE, *steps,
-                    f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=900)
-    assert sweep.returncode == 0, sweep.stderr[-3000:]
-    logs = "".join(path.read_text() for path in (tmp_path / "sweep" / ".submitit").rglob("*_log.*"))
+    sweep_dir = tmp_path / "sweep"
+    process = subprocess.Popen([sys.executable, "run.py", "-m", "hydra/launcher=submitit_local", *SMOKE, *steps,
+                                f"hydra.sweep.dir={sweep_dir}"], cwd=PROJECT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    deadline = time.time() + 600
+    run_log = sweep_dir / "0" / "run.log"
+    while not (run_log.exists() and "step 200/1200" in run_log.read_text()) and time.time() < deadline:
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        time.sleep(0.1)
+    os.kill(json.loads((sweep_dir / "0" / ".lock").read_text())["pid"], signal.SIGUSR2)
+    stderr = process.communicate(timeout=900)[1]
+    assert process.returncode == 0, stderr[-3000:]
+    logs = "".join(path.read_text() for path in (sweep_dir / ".submitit").rglob("*_log.*"))
     assert "Requeued job" in logs, logs[-3000:]
-    run_log = (tmp_path / "sweep" / "0" / "run.log").read_text()
+    run_log = (sweep_dir / "0" / "run.log").read_text()
     assert "Interrupted at global step" in run_log and "Resumed from" in run_log, run_log[-3000:]
-    assert json.loads((tmp_path / "sweep" / "0" / "metrics.json").read_text())["global_step"] == 1500
+    assert json.loads((sweep_dir / "0" / "metrics.json").read_text())["global_step"] == 1200
     single = run_cli(*SMOKE, *steps, f"hydra.run.dir={tmp_path / 'single'}")
     assert single.returncode == 0, single.stderr[-3000:]
-    requeued = variables(tmp_path / "sweep" / "0" / "checkpoints" / "ckpt-1500")
-    uninterrupted = variables(tmp_path / "single" / "checkpoints" / "ckpt-1500")
+    requeued = variables(sweep_dir / "0" / "checkpoints" / "ckpt-1200")
+    uninterrupted = variables(tmp_path / "single" / "checkpoints" / "ckpt-1200")
     assert requeued.keys() == uninterrupted.keys() and requeued
     assert all(np.array_equal(requeued[name], uninterrupted[name]) for name in requeued)
 

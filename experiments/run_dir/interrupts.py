@@ -136,13 +136,19 @@ def install() -> None:
             signal.signal(signal.SIGUSR2, raise_interrupt)
 
 
-def requeue(error: BaseException) -> None:
+def requeue(error: BaseException):
     """After a run that SIGUSR2 stopped (`error`) has saved: hands the signal to the handler the launcher set for
-    it (submitit's, which requeues the job and exits). Nothing happens for any other interrupt, or without one."""
+    it (submitit's, which requeues the job and exits). Returns the line of a job that was not requeued (its time
+    limit reached too many times); None for any other interrupt, or without such a handler."""
     if _requeue is None or getattr(error, "signum", None) != signal.SIGUSR2:
-        return
+        return None
     finished()  # the scheduler's SIGTERM that follows a requeue is held: the run has saved
-    _requeue(signal.SIGUSR2, None)
+    try:
+        _requeue(signal.SIGUSR2, None)
+    except Exception as refused:  # submitit's UncompletedJobError: "Job not requeued because: ..."
+        return (f"stopped by SIGUSR2 before the time limit and not requeued ({refused}); the run saved its "
+                f"checkpoint: running the same command again resumes it")
+    return None
 
 
 def behind(error: BaseException) -> KeyboardInterrupt | None:

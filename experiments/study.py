@@ -49,8 +49,8 @@ def shown(url: str) -> str:
 
 def open_storage(url: str):
     """The Optuna RDB storage at `url`, its tables made (another attempt where other processes were making them at
-    the same moment: a unique violation). Raises StorageError with the one line; a SQLite file, or the folders above it, that this
-    attempt made are removed first."""
+    the same moment: a unique violation). Raises StorageError with the one line; a SQLite file, or the folders
+    above it, that this attempt made are removed first."""
     import optuna
     import sqlalchemy.exc
 

@@ -267,7 +267,7 @@ def test_a_trial_the_median_pruner_stops_exits_0_saved_and_pruned(tmp_path):
     assert result.stderr.rstrip().splitlines()[-1].startswith("study lfw_pairs: 6 trials, 5 complete, 1 pruned")
 
 
-# A shared PostgreSQL study ---------------------------------------------------------------------------------------------
+# A shared PostgreSQL study -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def postgres():

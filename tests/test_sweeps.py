@@ -159,7 +159,8 @@ def test_a_job_that_never_recorded_itself_and_a_re_entry_s_config_error_leave_no
             job_return(None, 1, "error: ckpt-6 is ahead of global step 4", ran=False))
     end_job(SweepCallback(), job_config(run_dir, mode="predict", hydra_mode=RunMode.RUN), job_return(None, 1, "e"))
     # ... and so does a sidecar evaluator's exit, which is not the training's.
-    end_job(SweepCallback(), job_config(run_dir, mode="continuous_eval", hydra_mode=RunMode.RUN), job_return(None, 1, "e"))
+    end_job(SweepCallback(), job_config(run_dir, mode="continuous_eval", hydra_mode=RunMode.RUN),
+            job_return(None, 1, "e"))
     assert session_end(run_dir) == success
     # ... a resumed training that fails marks it failed.
     end_job(SweepCallback(), job_config(run_dir, hydra_mode=RunMode.RUN), job_return(None, 1, "error: no checkpoint"))

@@ -2,7 +2,9 @@
 and each job keyed by its trial.
 
 Hydra finds sweepers only in the `hydra_plugins` namespace; experiments/cli.py's setup puts this folder's parent on
-the path. What it adds to Hydra's sweeper (whose search space, sampler and results file it reuses):
+the path. The implementation, experiments/study_sweeper.py, is imported once a sweep starts (Optuna's import takes
+seconds, and Hydra scans every plugin on every run). What it adds to Hydra's sweeper (whose search space, sampler
+and results file it reuses):
 - the study is created once, safely, before any trial starts, and a storage that cannot be opened is one
   `config error` line (experiments/study.py);
 - each job's number is its trial's number, so a job runs in `<sweep>/<trial number>/` and a re-run of a stored
@@ -11,13 +13,7 @@ the path. What it adds to Hydra's sweeper (whose search space, sampler and resul
 - a job that failed is a FAIL trial, not one of the worst value; a trial that its job already ended (the pruner
   stopped it: experiments/pruning.py) keeps the state the job gave.
 """
-import os
-from itertools import groupby
-
-from hydra.errors import HydraException
-from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
-from omegaconf import OmegaConf
 
 
 class StudySweeper(OptunaSweeper):
@@ -25,86 +21,6 @@ class StudySweeper(OptunaSweeper):
 
     def __init__(self, sampler, direction, storage, study_name, n_trials, n_jobs, search_space, custom_search_space,
                  params):  # noqa: D107  OptunaSweeper's, whose implementation this one extends
-        self.sweeper = _StudySweeperImpl(sampler, direction, storage, study_name, n_trials, n_jobs, search_space,
-                                         custom_search_space, params)
-
-
-class _StudySweeperImpl(OptunaSweeperImpl):
-    def sweep(self, arguments):
-        import optuna
-
-        from tf_harness.experiments import study as studies
-
-        self._process_searchspace_config()
-        params = self._parse_sweeper_params_config() + list(arguments)
-        space, fixed = create_params_from_overrides(params)
-        for name in fixed:
-            space.pop(name, None)
-        directions = self._get_directions()
-        if getattr(self.sampler, "func", None) is optuna.samplers.GridSampler:
-            raise HydraException("hparams_search=optuna: the GridSampler is not supported by the harness's sweeper; "
-                                 "use -m with listed values (Hydra's basic sweeper) for a grid")
-        pruner = OmegaConf.select(self.config, "sweep.pruner", default=None)
-        if pruner and not self.storage:
-            raise HydraException(f"sweep.pruner={pruner} needs a stored study: set hydra.sweeper.storage (the "
-                                 "default of hparams_search=optuna), not null")
-        sweep_dir = os.path.abspath(str(self.config.hydra.sweep.dir))
-        stored = None  # the storage read past the study's cache: what a job told its trial
-        if self.storage:
-            try:
-                study = studies.create(str(self.storage), self.study_name, directions, self.sampler)
-                stored = studies.open_storage(str(self.storage))
-            except studies.StorageError as error:
-                raise HydraException(str(error)) from None
-        else:
-            study = optuna.create_study(study_name=self.study_name, sampler=self.sampler, directions=directions)
-        if study.trials and hasattr(study.sampler, "reseed_rng"):
-            study.sampler.reseed_rng()  # a seeded sampler would draw again the points it drew for the first run
-        to_go = self.n_trials
-        while to_go > 0:
-            trials = [study.ask() for _ in range(min(to_go, self.n_jobs))]
-            overrides = self._configure_trials(trials, space, fixed)
-            for trial in trials:
-                trial.set_user_attr(studies.RUN_DIR_ATTR, os.path.join(sweep_dir, str(trial.number)))
-            returns = []
-            # One launch per run of consecutive trial numbers: the launcher numbers a launch's jobs from its first.
-            pairs = list(zip(trials, overrides))
-            for _, run in groupby(enumerate(pairs), key=lambda item: item[1][0].number - item[0]):
-                run = [pair for _, pair in run]
-                returns += self.launcher.launch([o for _, o in run], initial_job_idx=run[0][0].number)
-            for trial, ret in zip(trials, returns):
-                _tell(study, stored, trial, ret, len(directions))
-            to_go -= len(trials)
-        self._save_results(study, directions)
-
-    def _save_results(self, study, directions):
-        """optimization_results.yaml in the sweep folder, as Hydra's sweeper writes it, over the whole study."""
-        if len(directions) < 2:
-            try:
-                best = study.best_trial
-            except ValueError:  # no trial completed (all pruned or failed)
-                return
-            results = {"name": "optuna", "best_params": best.params, "best_value": best.value}
-        else:
-            results = {"name": "optuna", "solutions": [{"params": t.params, "values": t.values}
-                                                       for t in study.best_trials]}
-        OmegaConf.save(OmegaConf.create(results), f"{self.config.hydra.sweep.dir}/optimization_results.yaml")
-
-
-def _tell(study, stored, trial, ret, objectives) -> None:
-    """Tells `study` how the job `ret` of `trial` ended: its value, or FAIL for a failed job; a trial its job
-    already ended (pruned) in the storage `stored` is left as the job told it."""
-    from optuna.trial import TrialState
-
-    if stored is not None and stored.get_trial(trial._trial_id).state.is_finished():
-        return
-    try:
-        value = ret.return_value  # raises what the job raised, as Hydra's sweeper lets it
-        values = [float(value)] if objectives == 1 else [float(v) for v in value]
-    except Exception:
-        study.tell(trial, state=TrialState.FAIL)
-        raise
-    if getattr(value, "status", 0):  # a failed job (experiments/cli.py's Outcome): no value of its parameters
-        study.tell(trial, state=TrialState.FAIL)
-    else:
-        study.tell(trial, values=values)
+        from tf_harness.experiments.study_sweeper import StudySweeperImpl  # Optuna: only once a sweep starts
+        self.sweeper = StudySweeperImpl(sampler, direction, storage, study_name, n_trials, n_jobs, search_space,
+                                        custom_search_space, params)

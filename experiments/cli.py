@@ -288,7 +288,9 @@ class SweepCallback(Callback):
         self.report.job_started(_job_of(config))
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
-        self.report.job_ended(_job_of(config), job_return)
+        returned = self.report.job_ended(_job_of(config), job_return)
+        if returned is not None:  # what the sweeper gets of the job (a sweeper such as Optuna's takes no NaN)
+            job_return.return_value = Outcome(*returned)
 
     def on_multirun_start(self, config, **kwargs) -> None:
         sweep = _sweep_of(config)

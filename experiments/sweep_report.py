@@ -123,15 +123,14 @@ def with_recorded_metric(job: Job, run_dir: Path, outcome) -> dict:
     return {**outcome, "value": float(value)}
 
 
-def for_the_sweeper(job: Job, outcome):
-    """The job's return value for the sweeper (cli.Outcome): its metric; without one, NaN, or the worst value for
-    the sweeper's direction where it optimises one (Optuna's sweeper cannot take NaN: the sweep would stop with a
-    traceback)."""
-    from tf_harness.experiments.cli import Outcome
+def for_the_sweeper(job: Job, outcome) -> tuple:
+    """What the job returns to the sweeper, as cli.Outcome's arguments (metric, status, error, ran): its metric;
+    without one, None (NaN), or the worst value for the sweeper's direction where it optimises one (Optuna's
+    sweeper cannot take NaN: the sweep would stop with a traceback)."""
     value, direction = outcome["value"], job.direction
     if value is None and direction in ("maximize", "minimize"):
         value = -math.inf if direction == "maximize" else math.inf
-    return Outcome(value, outcome["status"], outcome["error"], outcome["ran"])
+    return value, outcome["status"], outcome["error"], outcome["ran"]
 
 
 def _chief() -> bool:
@@ -205,7 +204,9 @@ class SweepReport:
             return True
         return outcome["status"] != 2 and job.mode not in ("predict", "continuous_eval")
 
-    def job_ended(self, job: Job, job_return) -> None:
+    def job_ended(self, job: Job, job_return):
+        """Marks the job's session, and in a sweep writes its outcome; returns what the job of a sweep returns to
+        the sweeper (for_the_sweeper), None where it raised or is no sweep's."""
         run_dir = Path(job.run_dir)
         outcome = outcome_of(job_return)
         if self._marks(job, outcome):
@@ -214,10 +215,8 @@ class SweepReport:
             except OSError as error:  # a full disk, a read-only run directory: the job's own status stands
                 log.warning("could not record the job's status for TensorBoard in %s: %s", run_dir, error)
         if not job.multirun:
-            return
+            return None
         outcome = with_recorded_metric(job, run_dir, outcome)
-        if job_return.status != JobStatus.FAILED:
-            job_return.return_value = for_the_sweeper(job, outcome)
         record = {"status": outcome["status"], "error": outcome["error"], "job": int(job.num),
                   "overrides": list(job.overrides), "run_dir": str(run_dir),
                   "metric": headline_of(job, outcome["value"]), "value": outcome["value"]}
@@ -225,6 +224,7 @@ class SweepReport:
             write_outcome(run_dir / OUTCOME, record)
         except OSError as error:  # the sweep's report counts a job folder without an outcome as failed
             log.warning("could not write the job's outcome to %s: %s", run_dir / OUTCOME, error)
+        return None if job_return.status == JobStatus.FAILED else for_the_sweeper(job, outcome)
 
     def sweep_started(self, sweep: Sweep) -> None:
         """Claims the sweep folder (experiments/sweep_folder.py: SystemExit(2) where another sweep owns it) and

@@ -121,7 +121,7 @@ class Outcome(float):
 
 
 def note_status(status) -> None:
-    """The process exits with the worst status noted (experiments/sweep_report.py notes a sweep's)."""
+    """The process exits with the worst status noted (SweepCallback notes a sweep's)."""
     global _status
     _status = max(_status, status)
 

@@ -241,6 +241,25 @@ class EarlyStopping(Action):
             self.recipes.save_stop(self.save.manager, self.save.save)
 
 
+class Prune(Action):
+    """sweep.pruner: each evaluation reported to the job's trial of a stored Optuna study; stops training where the
+    pruner says the trial loses, and saves the step it stopped at (experiments/pruning.py)."""
+
+    def __init__(self, pruning, recipes, save):
+        self.pruning, self.recipes, self.save = pruning, recipes, save
+
+    @property
+    def stop(self):
+        return self.pruning.stopped
+
+    def after_evaluation(self, step, values):
+        self.pruning.evaluated(values, step)
+
+    def finish(self, step, stopped):
+        if self.pruning.stopped:
+            self.recipes.save_stop(self.save.manager, self.save.save)
+
+
 def standard(controller, manager, evaluate, start) -> list:
     """The actions of a training run of `controller` (experiments/runner.py), saving through `manager`, evaluating
     when `evaluate`, from global step `start`, in the order they run."""
@@ -252,7 +271,8 @@ def standard(controller, manager, evaluate, start) -> list:
                Log(trainer, settings, controller.summaries, controller.note_unreadable), save]
     if evaluate:
         actions.append(Evaluate(controller.evaluate, settings, controller.run_dir, start))
-    return actions + [BestCheckpoint(controller.recipes), EarlyStopping(controller.recipes, save)]
+    return actions + [BestCheckpoint(controller.recipes), EarlyStopping(controller.recipes, save),
+                      Prune(controller.pruning, controller.recipes, save)]
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from pathlib import Path
 from tf_harness.experiments import startup  # isort: skip
 
 from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -44,6 +45,11 @@ def setup() -> None:
     # On a full disk run.log cannot be written either: without this, each log line would print a traceback.
     logging.raiseExceptions = False
     register_resolvers()
+    # The harness's Optuna sweeper (hparams_search=optuna) is a Hydra plugin, which Hydra finds only in the
+    # hydra_plugins namespace: experiments/plugins/hydra_plugins/tf_harness_sweeper.py.
+    plugins = str(Path(__file__).resolve().parent / "plugins")
+    if plugins not in sys.path:
+        sys.path.append(plugins)
 
 
 def register_resolvers() -> None:
@@ -116,7 +122,7 @@ class Outcome(float):
 
 
 def note_status(status) -> None:
-    """The process exits with the worst status noted (experiments/sweep_report.py notes a sweep's)."""
+    """The process exits with the worst status noted (SweepCallback notes a sweep's)."""
     global _status
     _status = max(_status, status)
 
@@ -211,6 +217,11 @@ def guarded(task, cfg, problem, job, actions=()) -> Outcome:
 
     try:
         result = task(settings, job, actions)
+    except KeyboardInterrupt as interrupt:
+        not_requeued = interrupts.requeue(interrupt)  # SIGUSR2 under submitit: saved; requeued (and exits)
+        if not_requeued is None:
+            raise
+        return _failed(f"error: {not_requeued}", 1, job)
     except ConfigError as error:
         return _failed(f"config error: {_one_line(error)}", 2, job)
     except (DatasetError, NonFiniteLossError, UnrestorableError, Stalled) as error:
@@ -294,3 +305,65 @@ def exit_code(main) -> int:
         if _sweep_report is not None:  # a sweep stopped before its end: the jobs that ran, and those it stopped
             _sweep_report(stopped_by)
     return _status
+
+
+class SweepCallback(Callback):
+    """The Hydra callback of every run and sweep (conf/hydra/default.yaml): reads what the sweep report
+    (experiments/sweep_report.py) needs of each job's and the sweep's config, hands it over as plain values, and
+    notes the sweep's exit status."""
+
+    def __init__(self):
+        from tf_harness.experiments.sweep_report import SweepReport
+        self.report = SweepReport()
+
+    def on_job_start(self, config, **kwargs) -> None:
+        self.report.job_started(_job_of(config))
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        returned = self.report.job_ended(_job_of(config), job_return)
+        if returned is not None:  # what the sweeper gets of the job (a sweeper such as Optuna's takes no NaN)
+            job_return.return_value = Outcome(*returned)
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        sweep = _sweep_of(config)
+        self.report.sweep_started(sweep)
+        # Hydra calls on_multirun_end only for a sweep that reaches its end; exit_code reports one stopped before.
+        sweep_running(lambda interrupt: self._stopped(sweep, interrupt))
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_running(None)
+        note_status(self.report.sweep_ended(_sweep_of(config)))
+
+    def _stopped(self, sweep, interrupt) -> None:
+        sweep_running(None)
+        self.report.sweep_stopped(sweep, interrupt)
+
+
+def _job_of(config):
+    """The sweep report's Job of a job's config."""
+    from hydra.types import RunMode
+
+    from tf_harness.experiments.sweep_report import Job
+    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    return Job(run_dir=Path(config.hydra.runtime.output_dir), multirun=config.hydra.mode == RunMode.MULTIRUN,
+               num=OmegaConf.select(config, "hydra.job.num", default=None),
+               overrides=tuple(OmegaConf.select(config, "hydra.overrides.task", default=None) or ()),
+               mode=config.get("mode"), dataset=OmegaConf.select(config, "dataset.name", default=None),
+               objective=OmegaConf.select(config, "trainer.objective", default="last"),
+               best_metric=OmegaConf.select(config, "trainer.best_metric", default=None),
+               direction=getattr(direction, "name", direction))  # a plugin's Direction enum, or its name
+
+
+def _sweep_of(config):
+    """The sweep report's Sweep of a sweep's config: with the stored study of the harness's Optuna sweeper
+    (hparams_search=optuna) where it has a storage."""
+    from tf_harness.experiments.sweep_report import StoredStudy, Sweep
+    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
+    study = None
+    if str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(".StudySweeper") \
+            and isinstance(storage, str) and storage:
+        direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+        study = StoredStudy(storage, str(OmegaConf.select(config, "hydra.sweeper.study_name")),
+                            str(getattr(direction, "name", direction)))
+    return Sweep(dir=Path(os.path.abspath(config.hydra.sweep.dir)),
+                 overrides=tuple(OmegaConf.select(config, "hydra.overrides.task", default=None) or ()), study=study)

@@ -21,8 +21,8 @@ from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import (actions, class_weights, export, heatmaps, recipes, review, sidecar, strategies,
-                                    warm_start, xla_cache)
+from tf_harness.experiments import (actions, class_weights, export, heatmaps, pruning, recipes, review, sidecar,
+                                    strategies, warm_start, xla_cache)
 from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
@@ -121,7 +121,8 @@ def run(settings: Settings, job: Job, actions=()):
     if writes:
         summaries.hparams(settings, task.SPEC.task, job)
     controller = Controller(settings, task, pipeline, trainer, summaries, run_dir, tables, skipped, clock,
-                            context=strategies.input_context(strategy), writes=writes, extra_actions=actions)
+                            context=strategies.input_context(strategy), writes=writes, extra_actions=actions,
+                            trial=job.trial)
 
     # Restore: 1. the run's own newest restorable checkpoint, 2. trainer.init_checkpoint, 3. scratch ------------
     # Training restores its input iterator too; evaluate, predict and export the checkpoint `checkpoint=` names;
@@ -152,12 +153,13 @@ class Controller:
     checkpointing; evaluates, predicts or exports a restored checkpoint; or evaluates each new checkpoint."""
 
     def __init__(self, settings, task, pipeline, trainer, summaries, run_dir: RunDirectory, tables, skipped, clock,
-                 context=None, writes=True, extra_actions=()):
+                 context=None, writes=True, extra_actions=(), trial=None):
         """`skipped`: the run's SkipLog, which grows by the image files that fail to decode mid-run;
         `context`: this worker's tf.distribute.InputContext for training input; `clock`: the start-up clock,
         whose line `train` logs after its first loop; `writes`: whether this process writes the trainer's files
         (skipped.csv, train/): the chief of a training run, never the sidecar evaluator; `extra_actions`: actions
-        (experiments/actions.py) called after those of the run's mode."""
+        (experiments/actions.py) called after those of the run's mode; `trial`: the job's study.JobTrial, which a
+        training run's evaluations are reported to (sweep.pruner)."""
         self.settings, self.trainer_settings = settings, settings.trainer
         self.task, self.spec, self.pipeline, self.trainer = task, task.SPEC, pipeline, trainer
         self.summaries, self.run_dir, self.tables, self.skipped = summaries, run_dir, tables, skipped
@@ -175,6 +177,8 @@ class Controller:
         # The actions of the mode: training sets its own (`_train`); an evaluation outside training counts for nothing.
         self.extra_actions = list(extra_actions)
         self.actions = [actions.BestCheckpoint(self.recipes), *self.extra_actions]
+        pruner = settings.select("sweep", {}).get("pruner") if writes and settings.mode in TRAINING_MODES else None
+        self.pruning = pruning.Pruning(pruner, trial, self.recipes.objective, self.model_dir, run_dir.chief)
 
     # Input ---------------------------------------------------------------------------------------------------
     def _input_fn(self, split, training, rows=None):

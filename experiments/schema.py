@@ -230,6 +230,7 @@ KEYS = {
     "trainer.early_stopping.patience": integer(0, null="no early stopping"),
     "trainer.early_stopping.min_delta": number(0),
     "trainer.objective": one_of("last", "best"),
+    "sweep.pruner": _with_null(one_of("median", "hyperband"), "no pruning"),
     "trainer.ema_decay": number(0, 1, high_open=True, null="no moving average"),
     "trainer.profile_steps": PROFILE_STEPS,
     "trainer.label_smoothing": number(0, 1, high_open=True),

@@ -161,6 +161,7 @@ class Job:
     choices: Mapping  # each config group's chosen option (dataset, model, ...)
     sweep_dir: Path | None = None  # the sweep's folder; None for a single run
     sweep_overrides: tuple = ()  # the sweep's own command line and its sweeper's params, as `key=value` strings
+    trial: object = None  # a job of a stored Optuna study: its experiments/study.py JobTrial (sweep.pruner)
 
     @property
     def single(self) -> bool:
@@ -183,4 +184,6 @@ class Job:
         multirun = Path(hydra.sweep.dir) / "multirun.yaml"
         if multirun.is_file():
             overrides += list(OmegaConf.load(multirun).hydra.overrides.task)
-        return cls(job.run_dir, job.choices, Path(hydra.sweep.dir), tuple(overrides))
+        from tf_harness.experiments import study
+
+        return cls(job.run_dir, job.choices, Path(hydra.sweep.dir), tuple(overrides), study.job_trial(hydra))

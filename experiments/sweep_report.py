@@ -2,6 +2,9 @@
 status in its HParams record, and at a sweep's end one summary line (with each failed job named before it, and a
 nonzero exit status when one failed).
 
+Nothing here reads a config: experiments/cli.py's SweepCallback, the Hydra callback, hands each job's and the
+sweep's settings over as plain values (Job, Sweep).
+
 A job's outcome is what run.py's job function returns (experiments/cli.py's Outcome: the headline validation
 metric, with the exit status and error line). Launchers such as joblib or submitit run jobs in other processes, so
 each job writes its outcome into its own run directory (on_job_end runs in the job's process), and the launching
@@ -28,21 +31,45 @@ import os
 import sys
 from pathlib import Path
 
+from dataclasses import dataclass
+
 import yaml
 from hydra.core.utils import JobStatus
-from hydra.experimental.callback import Callback
-from hydra.types import RunMode
-from omegaconf import OmegaConf
 
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments import hparams
 from tf_harness.experiments.schema import EVALUATING_MODES
+from tf_harness.experiments.sweep_folder import SweepFolder
 
 log = logging.getLogger(__name__)
 OUTCOME = "job_outcome.json"
 # What a job_outcome.json holds: key -> the types its value may have.
 FIELDS = {"status": (int,), "error": (str, type(None)), "job": (int,), "overrides": (list,), "run_dir": (str,),
           "metric": (str, type(None)), "value": (int, float, type(None))}
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the report needs of one job, as plain values (experiments/cli.py reads them from its config)."""
+
+    run_dir: Path
+    multirun: bool  # a job of a sweep
+    num: int | None  # hydra.job.num
+    overrides: tuple  # its command line overrides
+    mode: str | None
+    dataset: str | None  # dataset.name
+    objective: str = "last"  # trainer.objective
+    best_metric: str | None = None  # trainer.best_metric
+    direction: str | None = None  # hydra.sweeper.direction, where the sweeper optimises one
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What the report needs of a sweep, as plain values (experiments/cli.py reads them from its config)."""
+
+    dir: Path  # hydra.sweep.dir, absolute
+    overrides: tuple  # its command line overrides
+    study: "StoredStudy | None" = None  # the stored Optuna study it adds to
 
 
 def outcome_of(job_return) -> dict:
@@ -58,56 +85,52 @@ def outcome_of(job_return) -> dict:
             "value": None if math.isnan(number) else number, "ran": getattr(value, "ran", True) is not False}
 
 
-def headline_of(config, value):
+def headline_of(job: Job, value):
     """The name of the metric the job reported: its headline metric (experiments/metrics.py), or with
     trainer.objective=best trainer.best_metric's; None when it reported none. A job that reported one has imported
     TensorFlow and its Task already."""
-    return None if value is None else _headline(config)
+    return None if value is None else _headline(job)
 
 
-def _reports_best(config) -> bool:
+def _reports_best(job: Job) -> bool:
     """Whether the job reports the best value of trainer.best_metric (trainer.objective=best) in a training mode."""
-    return OmegaConf.select(config, "trainer.objective", default="last") == "best" and \
-        config.get("mode") in ("train_and_evaluate", "train")
+    return job.objective == "best" and job.mode in ("train_and_evaluate", "train")
 
 
-def _headline(config):
+def _headline(job: Job):
     from tf_harness.data import TASKS
     from tf_harness.experiments import metrics
-    best_metric = OmegaConf.select(config, "trainer.best_metric", default=None)
-    if _reports_best(config) and best_metric:
-        return best_metric
-    return metrics.headline(TASKS[config.dataset.name].SPEC.task)
+    if _reports_best(job) and job.best_metric:
+        return job.best_metric
+    return metrics.headline(TASKS[job.dataset].SPEC.task)
 
 
-def with_recorded_metric(config, run_dir: Path, outcome) -> dict:
+def with_recorded_metric(job: Job, run_dir: Path, outcome) -> dict:
     """`outcome`, its value the headline metric in the run's metrics.json (with trainer.objective=best, the value in
     its best.json) where the job succeeded in a mode that evaluates without returning one: its run's last evaluation
     was done before it (a re-entry with nothing left to train resumes past it, a sidecar finds every checkpoint
     evaluated), so the job reports that evaluation's."""
-    if outcome["value"] is not None or outcome["status"] or config.get("mode") not in EVALUATING_MODES:
+    if outcome["value"] is not None or outcome["status"] or job.mode not in EVALUATING_MODES:
         return outcome
-    best = _reports_best(config)  # best.json, experiments/recipes.py: the best evaluation of the run
+    best = _reports_best(job)  # best.json, experiments/recipes.py: the best evaluation of the run
     try:
         values = json.loads((run_dir / ("best.json" if best else "metrics.json")).read_text())
     except (OSError, ValueError):  # none, or damaged: the job reports no metric
         return outcome
-    value = (values.get("value") if best else values.get(_headline(config))) if isinstance(values, dict) else None
+    value = (values.get("value") if best else values.get(_headline(job))) if isinstance(values, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return outcome
     return {**outcome, "value": float(value)}
 
 
-def for_the_sweeper(config, outcome):
-    """The job's return value for the sweeper (cli.Outcome): its metric; without one, NaN, or the worst value for
-    the sweeper's direction where it optimises one (Optuna's sweeper cannot take NaN: the sweep would stop with a
-    traceback)."""
-    from tf_harness.experiments.cli import Outcome
-    value, direction = outcome["value"], OmegaConf.select(config, "hydra.sweeper.direction", default=None)
-    direction = getattr(direction, "name", direction)  # a plugin's Direction enum, or its name
+def for_the_sweeper(job: Job, outcome) -> tuple:
+    """What the job returns to the sweeper, as cli.Outcome's arguments (metric, status, error, ran): its metric;
+    without one, None (NaN), or the worst value for the sweeper's direction where it optimises one (Optuna's
+    sweeper cannot take NaN: the sweep would stop with a traceback)."""
+    value, direction = outcome["value"], job.direction
     if value is None and direction in ("maximize", "minimize"):
         value = -math.inf if direction == "maximize" else math.inf
-    return Outcome(value, outcome["status"], outcome["error"], outcome["ran"])
+    return value, outcome["status"], outcome["error"], outcome["ran"]
 
 
 def _chief() -> bool:
@@ -158,103 +181,82 @@ def report_lines(outcomes, sweep_dir) -> list:
     return lines + [summary_line(outcomes, sweep_dir)]
 
 
-class SweepReport(Callback):
+class SweepReport:
+    """The report of one process's jobs and sweep; experiments/cli.py's SweepCallback, the Hydra callback, calls it
+    with each job's and the sweep's plain values. `sweep_ended` returns the exit status the sweep's jobs call for."""
+
     def __init__(self):
         self._recorded = {}  # run directory -> whether it held an HParams record when its job started
         self._before = None  # outcome_files of the sweep directory when the sweep started
+        self._folder = None  # the SweepFolder this sweep holds
 
-    def on_job_start(self, config, **kwargs) -> None:
-        run_dir = str(config.hydra.runtime.output_dir)
-        self._recorded[run_dir] = hparams.has_record(run_dir)
+    def job_started(self, job: Job) -> None:
+        self._recorded[str(job.run_dir)] = hparams.has_record(job.run_dir)
 
-    def _marks(self, config, run_dir, outcome) -> bool:
+    def _marks(self, job: Job, outcome) -> bool:
         """Whether the job marks the run's session: where it holds an HParams record, from the chief, unless it was
         refused before it changed anything (its record stays as it was); on re-entry (the record was there before)
         not for a config error (the job did not run) nor for mode=predict or continuous_eval (the row stays as the
         training left it: a prediction has no metric, and a sidecar's exit is not the training's)."""
-        if not outcome["ran"] or not hparams.has_record(run_dir) or not _chief():
+        if not outcome["ran"] or not hparams.has_record(job.run_dir) or not _chief():
             return False
-        if not self._recorded.get(str(run_dir), False):
+        if not self._recorded.get(str(job.run_dir), False):
             return True
-        return outcome["status"] != 2 and config.get("mode") not in ("predict", "continuous_eval")
+        return outcome["status"] != 2 and job.mode not in ("predict", "continuous_eval")
 
-    def on_job_end(self, config, job_return, **kwargs) -> None:
-        run_dir = Path(config.hydra.runtime.output_dir)
+    def job_ended(self, job: Job, job_return):
+        """Marks the job's session, and in a sweep writes its outcome; returns what the job of a sweep returns to
+        the sweeper (for_the_sweeper), None where it raised or is no sweep's."""
+        run_dir = Path(job.run_dir)
         outcome = outcome_of(job_return)
-        if self._marks(config, run_dir, outcome):
+        if self._marks(job, outcome):
             try:
                 hparams.mark_session(run_dir, outcome["status"])
             except OSError as error:  # a full disk, a read-only run directory: the job's own status stands
                 log.warning("could not record the job's status for TensorBoard in %s: %s", run_dir, error)
-        if config.hydra.mode != RunMode.MULTIRUN:
-            return
-        outcome = with_recorded_metric(config, run_dir, outcome)
-        if job_return.status != JobStatus.FAILED:
-            job_return.return_value = for_the_sweeper(config, outcome)
-        record = {"status": outcome["status"], "error": outcome["error"], "job": int(config.hydra.job.num),
-                  "overrides": list(config.hydra.overrides.task), "run_dir": str(run_dir),
-                  "metric": headline_of(config, outcome["value"]), "value": outcome["value"]}
+        if not job.multirun:
+            return None
+        outcome = with_recorded_metric(job, run_dir, outcome)
+        record = {"status": outcome["status"], "error": outcome["error"], "job": int(job.num),
+                  "overrides": list(job.overrides), "run_dir": str(run_dir),
+                  "metric": headline_of(job, outcome["value"]), "value": outcome["value"]}
         try:
             write_outcome(run_dir / OUTCOME, record)
         except OSError as error:  # the sweep's report counts a job folder without an outcome as failed
             log.warning("could not write the job's outcome to %s: %s", run_dir / OUTCOME, error)
+        return None if job_return.status == JobStatus.FAILED else for_the_sweeper(job, outcome)
 
-    def on_multirun_start(self, config, **kwargs) -> None:
-        from tf_harness.experiments import cli
-        check_storage(config)
-        self._before = outcome_files(sweep_dir_of(config))
-        # Hydra calls on_multirun_end only for a sweep that reaches its end; exit_code reports one stopped before.
-        cli.sweep_running(lambda interrupt: self.on_multirun_stopped(config, interrupt))
+    def sweep_started(self, sweep: Sweep) -> None:
+        """Claims the sweep folder (experiments/sweep_folder.py: SystemExit(2) where another sweep owns it) and
+        notes what it held."""
+        self._folder = SweepFolder.claim(sweep.dir, list(sweep.overrides))
+        self._before = outcome_files(sweep.dir)
 
-    def on_multirun_end(self, config, **kwargs) -> None:
-        from tf_harness.experiments import cli
-        cli.sweep_running(None)
-        outcomes = self.outcomes(config)
-        print("\n".join(report_lines(outcomes, sweep_dir_of(config))), file=sys.stderr)
-        failed = [o for o in outcomes if o["status"]]
-        if failed:
-            cli.note_status(max(o["status"] for o in failed))
+    def sweep_ended(self, sweep: Sweep) -> int:
+        """Prints the sweep's report; returns the worst exit status of its jobs."""
+        outcomes = self.outcomes(sweep)
+        lines = report_lines(outcomes, sweep.dir)
+        if sweep.study is not None:
+            lines.append(sweep.study.summary())
+        print("\n".join(lines), file=sys.stderr)
+        if self._folder is not None:
+            self._folder.release()
+        return max((o["status"] for o in outcomes if o["status"]), default=0)
 
-    def on_multirun_stopped(self, config, interrupt) -> None:
+    def sweep_stopped(self, sweep: Sweep, interrupt) -> None:
         """The sweep stopped before its end: `interrupt`, the line of the signal that stopped it, or None for an
         error (whose own line and exit status stand). Reports the jobs that ran, if any did."""
-        from tf_harness.experiments import cli
-        cli.sweep_running(None)
-        outcomes = self.outcomes(config, interrupt)
+        outcomes = self.outcomes(sweep, interrupt)
         if outcomes:
-            print("\n".join(report_lines(outcomes, sweep_dir_of(config))), file=sys.stderr)
+            print("\n".join(report_lines(outcomes, sweep.dir)), file=sys.stderr)
+        if self._folder is not None:
+            self._folder.release(ran=bool(outcomes))
 
-    def outcomes(self, config, interrupt=None) -> list:
+    def outcomes(self, sweep: Sweep, interrupt=None) -> list:
         """The outcomes of the sweep's jobs, in job order. `interrupt`: the line of the signal that stopped the
         sweep ('interrupted by SIGINT'), which stopped each job that ran without writing its outcome."""
-        return sorted(sweep_outcomes(sweep_dir_of(config), self._before, interrupt),
+        return sorted(sweep_outcomes(sweep.dir, self._before, interrupt),
                       key=lambda o: (o["job"] is None, o["job"] or 0, o["run_dir"]))
-
-
-def check_storage(config) -> None:
-    """Exits 2 with one `config error` line when the sweeper's study storage (hydra.sweeper.storage, Optuna's)
-    cannot be opened: a file that is not a database, say, which Optuna's sweeper would meet with a traceback once
-    the sweep starts. Nothing happens without one. (SystemExit, because Hydra turns a callback's exception into a
-    warning and goes on.)"""
-    storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
-    if not isinstance(storage, str) or not storage:
-        return
-    import optuna
-
-    try:
-        optuna.storages.get_storage(storage)
-    except Exception as error:  # noqa: BLE001  SQLAlchemy's and the database driver's errors, Optuna's own
-        cause = getattr(error, "orig", None) or error
-        why = " ".join(str(cause).split())[:200]
-        what = f"{type(cause).__name__}: {why}" if why else type(cause).__name__
-        print(f"config error: hydra.sweeper.storage={storage} cannot be opened as a study storage ({what}); move "
-              f"the file away, or name another storage", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def sweep_dir_of(config) -> Path:
-    """The sweep's directory (hydra.sweep.dir), absolute."""
-    return Path(os.path.abspath(config.hydra.sweep.dir))
 
 
 def write_outcome(path: Path, record) -> None:
@@ -357,3 +359,21 @@ def job_name(outcome) -> str:
     """`job <n> (<overrides>)`, as much of it as is known."""
     name = "job" if outcome["job"] is None else f"job {outcome['job']}"
     return name if outcome["overrides"] is None else f"{name} ({' '.join(outcome['overrides'])})"
+
+
+class StoredStudy:
+    """The Optuna study a sweep adds to (hydra.sweeper.storage), as plain values: its summary line is the sweep
+    report's last (experiments/study.py), counting every trial of the study, whichever process ran it."""
+
+    def __init__(self, storage: str, name: str, direction: str):
+        self.storage, self.name, self.direction = storage, name, direction
+
+    def summary(self) -> str:
+        import optuna
+
+        from tf_harness.experiments import study
+        try:
+            return study.summary_line(optuna.load_study(study_name=self.name, storage=study.open_storage(self.storage)),
+                                      self.direction)
+        except Exception as error:  # noqa: BLE001  the server went away since: said, not a traceback
+            return f"study {self.name}: cannot be read back ({' '.join(str(error).split())[:200]})"

@@ -402,19 +402,18 @@ def test_the_objective_is_the_last_headline_value_or_the_best(tmp_path):
 
 
 def test_the_sweep_summary_takes_the_best_value_where_the_job_reports_it(tmp_path):
-    from omegaconf import OmegaConf
+    import dataclasses
     from tf_harness.experiments import sweep_report
 
     (tmp_path / "best.json").write_text(json.dumps({"metric": "auc", "value": 0.9, "global_step": 4}))
     (tmp_path / "metrics.json").write_text(json.dumps({"accuracy": 0.6, "auc": 0.7, "global_step": 6}))
     outcome = {"status": 0, "error": None, "value": None, "ran": True}
-    config = OmegaConf.create({"mode": "train_and_evaluate", "dataset": {"name": "lfw_pairs"},
-                               "trainer": {"objective": "last", "best_metric": "auc"}})
-    assert sweep_report.with_recorded_metric(config, tmp_path, outcome)["value"] == 0.6
-    assert sweep_report.headline_of(config, 0.6) == "accuracy"
-    config.trainer.objective = "best"
-    assert sweep_report.with_recorded_metric(config, tmp_path, outcome)["value"] == 0.9
-    assert sweep_report.headline_of(config, 0.9) == "auc"
+    job = sweep_report.Job(tmp_path, True, 0, (), "train_and_evaluate", "lfw_pairs", "last", "auc")
+    assert sweep_report.with_recorded_metric(job, tmp_path, outcome)["value"] == 0.6
+    assert sweep_report.headline_of(job, 0.6) == "accuracy"
+    job = dataclasses.replace(job, objective="best")
+    assert sweep_report.with_recorded_metric(job, tmp_path, outcome)["value"] == 0.9
+    assert sweep_report.headline_of(job, 0.9) == "auc"
 
 
 @pytest.mark.slow  # end-to-end runs

@@ -132,9 +132,9 @@ def end_job(report, config, ret):
 def test_each_job_marks_its_session_with_its_status_and_exit_status(tmp_path, ret, expected):
     """TensorBoard showed a failed job (lr=1e30) as an ordinary row."""
     from tensorboard.plugins.hparams import api_pb2
-    from tf_harness.experiments.sweep_report import SweepReport
+    from tf_harness.experiments.cli import SweepCallback
     run_dir = recorded_run(tmp_path / "sweep" / "1")
-    end_job(SweepReport(), job_config(run_dir, 1), ret())
+    end_job(SweepCallback(), job_config(run_dir, 1), ret())
     assert session_end(run_dir) == (api_pb2.Status.Value(expected[0]), expected[1])
     outcome = json.loads((run_dir / "job_outcome.json").read_text())
     assert (outcome["status"], outcome["metric"], outcome["value"]) == (
@@ -143,26 +143,27 @@ def test_each_job_marks_its_session_with_its_status_and_exit_status(tmp_path, re
 
 def test_a_job_that_never_recorded_itself_and_a_re_entry_s_config_error_leave_no_mark(tmp_path):
     from tensorboard.plugins.hparams import api_pb2
-    from tf_harness.experiments.sweep_report import SweepReport
+    from tf_harness.experiments.cli import SweepCallback
     fresh = tmp_path / "sweep" / "0"
     fresh.mkdir(parents=True)
-    end_job(SweepReport(), job_config(fresh), job_return(None, 2, "config error: dataset.root=/x is not ..."))
+    end_job(SweepCallback(), job_config(fresh), job_return(None, 2, "config error: dataset.root=/x is not ..."))
     assert not list(fresh.glob("events.out.tfevents.*"))  # still no HParams record, so no row
     run_dir = recorded_run(tmp_path / "run")
-    end_job(SweepReport(), job_config(run_dir, hydra_mode=RunMode.RUN), job_return(0.5))
+    end_job(SweepCallback(), job_config(run_dir, hydra_mode=RunMode.RUN), job_return(0.5))
     success = (api_pb2.STATUS_SUCCESS, 0)
     assert session_end(run_dir) == success and not (run_dir / "job_outcome.json").exists()
     # Re-entering it: a second process refused (in use, a typo), checkpoints that refuse it before it starts and a
     # prediction leave it as it was...
-    end_job(SweepReport(), job_config(run_dir, hydra_mode=RunMode.RUN), job_return(None, 2, "config error: in use"))
-    end_job(SweepReport(), job_config(run_dir, hydra_mode=RunMode.RUN),
+    end_job(SweepCallback(), job_config(run_dir, hydra_mode=RunMode.RUN), job_return(None, 2, "config error: in use"))
+    end_job(SweepCallback(), job_config(run_dir, hydra_mode=RunMode.RUN),
             job_return(None, 1, "error: ckpt-6 is ahead of global step 4", ran=False))
-    end_job(SweepReport(), job_config(run_dir, mode="predict", hydra_mode=RunMode.RUN), job_return(None, 1, "e"))
+    end_job(SweepCallback(), job_config(run_dir, mode="predict", hydra_mode=RunMode.RUN), job_return(None, 1, "e"))
     # ... and so does a sidecar evaluator's exit, which is not the training's.
-    end_job(SweepReport(), job_config(run_dir, mode="continuous_eval", hydra_mode=RunMode.RUN), job_return(None, 1, "e"))
+    end_job(SweepCallback(), job_config(run_dir, mode="continuous_eval", hydra_mode=RunMode.RUN),
+            job_return(None, 1, "e"))
     assert session_end(run_dir) == success
     # ... a resumed training that fails marks it failed.
-    end_job(SweepReport(), job_config(run_dir, hydra_mode=RunMode.RUN), job_return(None, 1, "error: no checkpoint"))
+    end_job(SweepCallback(), job_config(run_dir, hydra_mode=RunMode.RUN), job_return(None, 1, "error: no checkpoint"))
     assert session_end(run_dir) == (api_pb2.STATUS_FAILURE, 1)
 
 
@@ -193,14 +194,15 @@ def test_the_summary_line_names_the_jobs_run_and_failed_and_the_best_job():
 def test_every_sweep_ends_with_its_summary_line_after_the_failed_jobs(tmp_path, capsys, monkeypatch, failed):
     """A sweep that succeeded ended without a word."""
     from tf_harness.experiments import cli
-    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.sweep_report import OUTCOME
     monkeypatch.setattr(cli, "_status", 0)
     jobs = [outcome(0, value=0.75, overrides=("seed=1",), sweep=str(tmp_path)),
             outcome(1, status=int(failed), value=None if failed else 0.5, overrides=("seed=2",), sweep=str(tmp_path))]
     for job in jobs:
         (tmp_path / str(job["job"])).mkdir()
         (tmp_path / str(job["job"]) / OUTCOME).write_text(json.dumps(job))
-    SweepReport().on_multirun_end(config=OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    SweepCallback().on_multirun_end(config=OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
     lines = capsys.readouterr().err.splitlines()
     best = f"best accuracy 0.7500 in job 0 (seed=1): {tmp_path / '0'}"
     if failed:
@@ -213,8 +215,8 @@ def test_every_sweep_ends_with_its_summary_line_after_the_failed_jobs(tmp_path, 
 
 def started_sweep(sweep_dir):
     """A sweep's report, started over `sweep_dir` as it is now; returns what ends it: capsys -> its stderr lines."""
-    from tf_harness.experiments.sweep_report import SweepReport
-    config, report = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}}), SweepReport()
+    from tf_harness.experiments.cli import SweepCallback
+    config, report = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}}), SweepCallback()
     report.on_multirun_start(config=config)
 
     def end(capsys):
@@ -227,7 +229,8 @@ def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_le
     """An empty job_outcome.json made a failed sweep exit 0, without its report: reading it raised, and Hydra
     turned that into a warning."""
     from tf_harness.experiments import cli
-    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.sweep_report import OUTCOME
     monkeypatch.setattr(cli, "_status", 0)
     # An earlier sweep's, into the same directory:
     stale = {"2": "", "3": json.dumps(outcome(3, status=2, sweep=str(tmp_path)))}
@@ -237,7 +240,7 @@ def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_le
     report_at_end = started_sweep(tmp_path)
     for job, metric in ((0, 0.75), (1, 0.5)):
         (tmp_path / str(job)).mkdir()
-        end_job(SweepReport(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), job_return(metric))
+        end_job(SweepCallback(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), job_return(metric))
     damaged = {"4": b'{"status": 0, "err', "5": b"[1, 2]", "6": b'{"status": 0}', "8": b"\xff", "10": b""}
     for job, content in damaged.items():  # cut short, not an outcome, keys missing, not text, empty
         (tmp_path / job).mkdir()
@@ -266,7 +269,8 @@ def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_fa
     """A job re-entering an earlier sweep's folder that could not write its outcome was not reported: the folder's
     outcome (an earlier job's, or none) was as it had been when the sweep started."""
     from tf_harness.experiments import cli
-    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.sweep_report import OUTCOME
     monkeypatch.setattr(cli, "_status", 0)
     for job in ("0", "1", "2"):  # an earlier sweep's folders, each with the config its job saved
         (tmp_path / job / ".hydra").mkdir(parents=True)
@@ -277,7 +281,7 @@ def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_fa
     for job in ("0", "1", "2"):  # this sweep's jobs re-enter them, saving their configs beside the first
         (tmp_path / job / ".hydra" / "reentry-1").mkdir()
         (tmp_path / job / ".hydra" / "reentry-1" / "config.yaml").write_text("seed: 2\n")
-    end_job(SweepReport(), job_config(tmp_path / "2", 2, ("seed=2",)), job_return(0.5))  # job 2 alone writes its own
+    end_job(SweepCallback(), job_config(tmp_path / "2", 2, ("seed=2",)), job_return(0.5))  # job 2 alone writes its own
     lines = report_at_end(capsys)
     unknown = "error: the job's outcome is unknown:"
     assert lines == ["2 of 3 jobs failed:",
@@ -292,7 +296,8 @@ def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, cap
     """A full disk mid-write left a cut-short job_outcome.json."""
     import errno
     from tf_harness.data.integrity import atomic_file
-    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.sweep_report import OUTCOME
     run_dir = tmp_path / "0"
     run_dir.mkdir()
     (run_dir / OUTCOME).write_text("an earlier outcome\n")
@@ -315,12 +320,12 @@ def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, cap
             self.file.close()
 
     monkeypatch.setattr(atomic_file, "open", FullDisk, raising=False)
-    end_job(SweepReport(), job_config(run_dir), job_return(0.5))
+    end_job(SweepCallback(), job_config(run_dir), job_return(0.5))
     monkeypatch.undo()
     assert sorted(path.name for path in run_dir.iterdir()) == [OUTCOME]
     assert (run_dir / OUTCOME).read_text() == "an earlier outcome\n"
     assert f"could not write the job's outcome to {run_dir / OUTCOME}" in caplog.text
-    end_job(SweepReport(), job_config(run_dir), job_return(0.5))
+    end_job(SweepCallback(), job_config(run_dir), job_return(0.5))
     assert json.loads((run_dir / OUTCOME).read_text())["value"] == 0.5
 
 
@@ -354,7 +359,8 @@ def finished_run(run_dir, accuracy):
 def test_a_job_re_entering_a_finished_run_reports_the_metric_its_last_evaluation_recorded(tmp_path, capsys):
     """Re-running a finished sweep into its folder reported no metric for its jobs, which had nothing left to train
     and so evaluated nothing: `no job reported a validation metric`, or the best named among the jobs that trained."""
-    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.sweep_report import OUTCOME
     for job, accuracy in (("0", 0.5), ("1", 0.875)):
         finished_run(tmp_path / job, accuracy)
     report_at_end = started_sweep(tmp_path)
@@ -362,7 +368,7 @@ def test_a_job_re_entering_a_finished_run_reports_the_metric_its_last_evaluation
     for job in (0, 1):  # the sweep again: each job resumes past its last evaluation and returns no metric
         (tmp_path / str(job) / ".hydra" / "reentry-1").mkdir()
         returns[job] = job_return(None)
-        end_job(SweepReport(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), returns[job])
+        end_job(SweepCallback(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), returns[job])
     assert report_at_end(capsys) == [f"2 jobs ran, 0 failed; best accuracy 0.8750 in job 1 (seed=2): {tmp_path / '1'}"]
     assert float(returns[1].return_value) == 0.875  # what a sweeper such as Optuna maximises
     assert json.loads((tmp_path / "1" / OUTCOME).read_text())["metric"] == "accuracy"
@@ -376,11 +382,12 @@ def test_a_job_re_entering_a_finished_run_reports_the_metric_its_last_evaluation
     ("train_and_evaluate", lambda: job_return(None), '{"loss": 0.7, "global_step": 4}')],
     ids=["a mode that does not evaluate", "failed", "metrics.json cut short", "NaN", "no headline metric"])
 def test_a_job_reports_no_recorded_metric_that_is_not_its_runs_evaluation(tmp_path, mode, ret, metrics_json):
-    from tf_harness.experiments.sweep_report import OUTCOME, SweepReport
+    from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.sweep_report import OUTCOME
     run_dir = tmp_path / "0"
     run_dir.mkdir()
     (run_dir / "metrics.json").write_text(metrics_json)
-    end_job(SweepReport(), job_config(run_dir, mode=mode), ret())
+    end_job(SweepCallback(), job_config(run_dir, mode=mode), ret())
     written = json.loads((run_dir / OUTCOME).read_text())
     assert (written["metric"], written["value"]) == (None, None)
 
@@ -398,7 +405,7 @@ def test_optunas_sweeper_takes_a_job_without_a_metric_as_its_worst_trial_and_goe
     import yaml
     from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
     from optuna.samplers import TPESampler
-    from tf_harness.experiments.sweep_report import SweepReport
+    from tf_harness.experiments.cli import SweepCallback
 
     class Launcher:
         """Runs each trial's job at once: job 1's config is refused, the others report 0.5 + job / 10."""
@@ -409,7 +416,7 @@ def test_optunas_sweeper_takes_a_job_without_a_metric_as_its_worst_trial_and_goe
                 run_dir = tmp_path / str(num)
                 run_dir.mkdir()
                 ret = job_return(None, 2, "config error: it broke") if num == 1 else job_return(0.5 + num / 10)
-                end_job(SweepReport(), optuna_job_config(run_dir, num, overrides, direction), ret)
+                end_job(SweepCallback(), optuna_job_config(run_dir, num, overrides, direction), ret)
                 returns.append(ret)
             return returns
 
@@ -425,10 +432,10 @@ def test_optunas_sweeper_takes_a_job_without_a_metric_as_its_worst_trial_and_goe
 
 def test_a_job_without_a_metric_returns_nan_to_a_sweeper_that_optimises_nothing(tmp_path):
     import math
-    from tf_harness.experiments.sweep_report import SweepReport
+    from tf_harness.experiments.cli import SweepCallback
     (tmp_path / "0").mkdir()
     ret = job_return(None, 2, "config error: it broke")
-    end_job(SweepReport(), job_config(tmp_path / "0"), ret)
+    end_job(SweepCallback(), job_config(tmp_path / "0"), ret)
     assert math.isnan(ret.return_value) and ret.return_value.status == 2
 
 
@@ -458,14 +465,14 @@ def test_a_sweep_that_a_signal_or_an_error_stops_reports_the_jobs_that_ran(tmp_p
     import signal
     from hydra.errors import ConfigCompositionException
     from tf_harness.experiments.run_dir import interrupts
-    from tf_harness.experiments.sweep_report import SweepReport
-    config, report = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}), SweepReport()
+    from tf_harness.experiments.cli import SweepCallback
+    config, report = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}), SweepCallback()
 
     def sweep():  # what Hydra's multirun does, up to the third job's start
         report.on_multirun_start(config=config)
         for job, ret in ((0, job_return(0.75)), (1, job_return(None, 1, "error: it broke"))):
             (tmp_path / str(job)).mkdir()
-            end_job(SweepReport(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), ret)
+            end_job(SweepCallback(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), ret)
         (tmp_path / "2" / ".hydra").mkdir(parents=True)  # the third job has saved its config
         (tmp_path / "2" / ".hydra" / "overrides.yaml").write_text("- seed=3\n")
         if stop == "config error":
@@ -489,10 +496,10 @@ def test_a_sweep_that_a_signal_or_an_error_stops_reports_the_jobs_that_ran(tmp_p
 
 def test_a_sweep_stopped_before_any_job_ran_adds_nothing_to_the_error(tmp_path, capsys, command_line):
     from hydra.errors import ConfigCompositionException
-    from tf_harness.experiments.sweep_report import SweepReport
+    from tf_harness.experiments.cli import SweepCallback
 
     def sweep():
-        SweepReport().on_multirun_start(config=OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+        SweepCallback().on_multirun_start(config=OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
         raise ConfigCompositionException("Could not find 'model/nope'")
 
     assert command_line.exit_code(sweep) == 2
@@ -536,7 +543,10 @@ def test_an_optuna_sweep_whose_trials_fail_reports_them_without_a_traceback(tmp_
                      f"hydra.sweep.dir={tmp_path}", timeout=180)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "2 of 2 jobs failed:" in result.stderr
-    assert last_line(result.stderr) == f"2 jobs ran, 2 failed; no job reported a validation metric: {tmp_path}"
+    lines = result.stderr.rstrip().splitlines()
+    assert lines[-2] == f"2 jobs ran, 2 failed; no job reported a validation metric: {tmp_path}"
+    assert lines[-1] == "study lfw_pairs: 2 trials, 0 complete, 0 pruned, 2 failed; no trial completed with a value"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".sweep-lock", "0", "1", "optuna.db"]
 
 
 @pytest.mark.slow
@@ -596,17 +606,71 @@ def test_a_sweep_job_whose_saved_config_is_gone_is_refused_not_run_over_its_chec
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["global_step"] == 4  # the other job resumed
 
 
-def test_a_study_storage_that_is_not_a_database_is_one_config_error_line(tmp_path, capsys):
-    from tf_harness.experiments.sweep_report import check_storage
+# A sweep folder is written only by the sweep that owns it -----------------------------------------------------------
 
-    garbled = tmp_path / "study.db"
-    garbled.write_bytes(bytes(range(256)) * 12)
-    config = OmegaConf.create({"hydra": {"sweeper": {"storage": f"sqlite:///{garbled}"}}})
+def multirun_record(sweep_dir, overrides):
+    """The multirun.yaml a finished sweep with the command line `overrides` left in `sweep_dir`."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create({"hydra": {"overrides": {"task": list(overrides)}}}), sweep_dir / "multirun.yaml")
+
+
+def test_a_second_sweep_into_a_folder_in_use_is_refused_before_any_job_runs(tmp_path, capsys):
+    """It ran: its job 0 was refused ("in use by pid ..."), yet its summary named job 0's result, the first's."""
+    from tf_harness.experiments.sweep_folder import SweepFolder
+    first = SweepFolder.claim(tmp_path, ["seed=1,2"])
+    with pytest.raises(SystemExit) as refused:
+        SweepFolder.claim(tmp_path, ["seed=1,2"])
+    assert refused.value.code == 2
+    line, = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"config error: hydra.sweep.dir={tmp_path} is in use by the sweep of pid ")
+    first.release()
+    SweepFolder.claim(tmp_path, ["seed=1,2"]).release()  # once the first has ended, the same sweep may run again
+
+
+@pytest.mark.parametrize("again, refused", [
+    (["seed=1,2"], False),
+    (["seed=1,2", "trainer.train_steps=8"], False),  # a run-control key: the same sweep, with a larger budget
+    (["seed=3,4"], True),
+    (["seed=1,2", "trainer.learning_rate=0.1"], True)])
+def test_a_sweep_with_other_values_is_refused_as_a_whole_in_a_finished_sweeps_folder(tmp_path, capsys, again,
+                                                                                      refused):
+    """Refused job by job, it rewrote the finished jobs' job_outcome.json (status 0 became 2) and multirun.yaml."""
+    from tf_harness.experiments.sweep_folder import SweepFolder
+    multirun_record(tmp_path, ["seed=1,2"])
+    record = (tmp_path / "multirun.yaml").read_bytes()
+    if not refused:
+        SweepFolder.claim(tmp_path, again).release()
+        return
     with pytest.raises(SystemExit) as stopped:
-        check_storage(config)
+        SweepFolder.claim(tmp_path, again)
     assert stopped.value.code == 2
-    assert capsys.readouterr().err.splitlines() == [
-        f"config error: hydra.sweeper.storage=sqlite:///{garbled} cannot be opened as a study storage (DatabaseError: "
-        f"file is not a database); move the file away, or name another storage"]
-    assert garbled.read_bytes() == bytes(range(256)) * 12
-    check_storage(OmegaConf.create({"hydra": {"sweeper": {"storage": None}}}))
+    line, = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"config error: hydra.sweep.dir={tmp_path} holds another sweep (")
+    assert (tmp_path / "multirun.yaml").read_bytes() == record
+
+
+def test_a_folder_whose_multirun_record_is_unreadable_leaves_each_job_to_its_own_check(tmp_path):
+    from tf_harness.experiments.sweep_folder import SweepFolder
+    tmp_path.joinpath("multirun.yaml").write_bytes(bytes(range(256)))
+    SweepFolder.claim(tmp_path, ["seed=3"]).release()
+
+
+def test_a_sweep_that_made_its_folder_and_ran_no_job_leaves_no_folder(tmp_path):
+    from tf_harness.experiments.sweep_folder import SweepFolder
+    SweepFolder.claim(tmp_path / "sweep", ["seed=1"]).release(ran=False)
+    assert not (tmp_path / "sweep").exists()
+    SweepFolder.claim(tmp_path, ["seed=1"]).release(ran=False)  # one it did not make stays
+    assert tmp_path.is_dir()
+
+
+@pytest.mark.slow
+def test_a_sweep_with_other_values_into_a_finished_sweeps_folder_rewrites_none_of_its_records(tmp_path):
+    args = ("-m", *SMOKE, "trainer.train_steps=2", "trainer.eval_steps=1", f"hydra.sweep.dir={tmp_path}")
+    first = run_cli(*args, "seed=1,2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    records = {path: path.read_bytes() for path in [tmp_path / "multirun.yaml", *tmp_path.glob("*/job_outcome.json")]}
+    other = run_cli(*args, "seed=3,4", timeout=120)
+    assert other.returncode == 2, other.stderr[-3000:]
+    assert other.stderr.strip().splitlines()[-1].startswith(f"config error: hydra.sweep.dir={tmp_path} holds another "
+                                                             "sweep (seed=1,2 there, 3,4 here)")
+    assert {path: path.read_bytes() for path in records} == records

@@ -1,4 +1,5 @@
-"""Interrupts as exceptions: SIGINT and SIGTERM both stop a run the way Ctrl-C does.
+"""Interrupts as exceptions: SIGINT and SIGTERM both stop a run the way Ctrl-C does; so does SIGUSR2 where a
+launcher asked for it (submitit, before a job's time limit), which then requeues the job once the run has saved.
 
 Every layer may import this module (it needs nothing but the standard library), so
 the code that saves a checkpoint on an interrupt and the command line that maps it
@@ -22,6 +23,8 @@ import threading
 _pending = []
 _deferring = False
 _finished = False
+# The handler a launcher set for SIGUSR2 before the run started (submitit's, which requeues the job), or None.
+_requeue = None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -121,9 +124,31 @@ def install() -> None:
     message. Handlers can only be set from the main thread; elsewhere (a test
     calling the runner from a worker thread) the defaults stay.
     """
+    global _requeue
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, raise_interrupt)
+        # submitit signals a job SIGUSR2 before its time limit, and its handler requeues the job at once: the run
+        # saves first (Interrupted), then `requeue` hands the signal on.
+        previous = signal.getsignal(signal.SIGUSR2)
+        if callable(previous) and previous is not raise_interrupt:
+            _requeue = previous
+            signal.signal(signal.SIGUSR2, raise_interrupt)
+
+
+def requeue(error: BaseException):
+    """After a run that SIGUSR2 stopped (`error`) has saved: hands the signal to the handler the launcher set for
+    it (submitit's, which requeues the job and exits). Returns the line of a job that was not requeued (its time
+    limit reached too many times); None for any other interrupt, or without such a handler."""
+    if _requeue is None or getattr(error, "signum", None) != signal.SIGUSR2:
+        return None
+    finished()  # the scheduler's SIGTERM that follows a requeue is held: the run has saved
+    try:
+        _requeue(signal.SIGUSR2, None)
+    except Exception as refused:  # submitit's UncompletedJobError: "Job not requeued because: ..."
+        return (f"stopped by SIGUSR2 before the time limit and not requeued ({refused}); the run saved its "
+                f"checkpoint: running the same command again resumes it")
+    return None
 
 
 def behind(error: BaseException) -> KeyboardInterrupt | None:

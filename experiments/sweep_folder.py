@@ -1,0 +1,121 @@
+"""A sweep folder (hydra.sweep.dir) is written only by the sweep that owns it.
+
+- One sweep at a time: a sweep holds `<sweep>/.sweep-lock` (data/integrity/locks.py, an flock the OS drops when
+  the holder exits, however it exits) from its start to its end. A second sweep started into the folder meanwhile
+  is refused as a whole, before any job runs.
+- The folder's sweep: `multirun.yaml`, which Hydra writes at the sweep's first launch, records its command line
+  overrides. A later sweep into the folder must be the same sweep: its overrides may differ only in run-control
+  keys (experiments/run_dir/reentry.py), such as a larger trainer.train_steps; any other difference is refused as a
+  whole, so no job of it re-enters, and rewrites the records of, a job that sweep ran. A folder whose
+  multirun.yaml is gone or unreadable owns no command line, and each job's own re-entry check stands.
+
+A refusal is one `config error` line (exit 2), naming the folder and what tells the sweeps apart. Nothing here
+imports TensorFlow.
+"""
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import yaml
+
+from tf_harness.data.integrity import locks
+from tf_harness.experiments.run_dir.reentry import RUN_CONTROL
+
+LOCK_NAME = ".sweep-lock"
+RECORD = "multirun.yaml"
+
+
+class Refused(Exception):
+    """A sweep that may not write into its folder: the one line that says why."""
+
+
+class SweepFolder:
+    """The sweep folder this process's sweep holds."""
+
+    def __init__(self, path: Path, lock, made: bool):
+        self.path, self._lock, self._made = path, lock, made
+
+    @classmethod
+    def claim(cls, path: Path, overrides) -> "SweepFolder":
+        """Takes `path` for a sweep run with the command line `overrides`; raises SystemExit(2) after one line on
+        stderr when another sweep holds it or made it (a callback's other exceptions Hydra only warns of)."""
+        try:
+            return cls.take(path, overrides)
+        except Refused as error:
+            import sys
+            print(f"config error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    @classmethod
+    def take(cls, path: Path, overrides) -> "SweepFolder":
+        """`claim`, raising Refused."""
+        made = not path.exists()
+        path.mkdir(parents=True, exist_ok=True)
+        lock = locks.take(path / LOCK_NAME)
+        if lock is None:
+            holder = _holder(path / LOCK_NAME)
+            raise Refused(f"hydra.sweep.dir={path} is in use by the sweep of pid {holder.get('pid', '?')} on host "
+                          f"{holder.get('host', '?')} (lock file {path / LOCK_NAME}); wait for it to finish, or "
+                          f"name another hydra.sweep.dir")
+        try:
+            other = differences(_recorded_overrides(path / RECORD), overrides)
+            if other:
+                raise Refused(f"hydra.sweep.dir={path} holds another sweep ({other}): a sweep folder is written "
+                              f"only by the sweep that made it; run that sweep's command again (it may change only "
+                              f"run-control keys), or name another hydra.sweep.dir")
+            os.ftruncate(lock.fd, 0)
+            os.write(lock.fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode() + b"\n")
+        except BaseException:
+            lock.release()
+            raise
+        return cls(path, lock, made)
+
+    def release(self, ran: bool = True) -> None:
+        """Lets go of the folder. A sweep that made it and ran no job (a config error stopped it) removes it, when
+        it holds nothing but the lock file."""
+        self._lock.release()
+        if not ran and self._made:
+            try:
+                if [entry.name for entry in self.path.iterdir()] == [LOCK_NAME]:
+                    (self.path / LOCK_NAME).unlink()
+                    self.path.rmdir()
+            except OSError:
+                pass  # something else is there now: it stays
+
+
+def differences(recorded, overrides) -> str:
+    """How the command line `overrides` differ from the `recorded` ones outside run-control keys:
+    `key=<recorded> there, <new> here`, '' when they do not (or nothing is recorded)."""
+    if recorded is None:
+        return ""
+    before, now = _by_key(recorded), _by_key(overrides)
+    keys = sorted(key for key in before.keys() | now.keys()
+                  if before.get(key) != now.get(key) and key not in RUN_CONTROL)
+    return "; ".join(f"{key}={before.get(key, '(unset)')} there, {now.get(key, '(unset)')} here" for key in keys)
+
+
+def _by_key(overrides) -> dict:
+    """{key: value} of Hydra override strings (`+key=value`, `key=a,b`)."""
+    pairs = (override.lstrip("+~").split("=", 1) for override in overrides)
+    return {pair[0]: pair[1] if len(pair) > 1 else "" for pair in pairs}
+
+
+def _recorded_overrides(path: Path):
+    """The task overrides recorded in the sweep's multirun.yaml, or None where it is missing or unreadable."""
+    try:
+        record = yaml.safe_load(path.read_text())
+        overrides = record["hydra"]["overrides"]["task"]
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return overrides if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides) else None
+
+
+def _holder(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}

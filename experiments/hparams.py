@@ -40,6 +40,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hp  # what `api` exports, without importing TensorFlow
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def sweep_domains(hydra_cfg) -> dict:
     specs = [f"{key}={value}" for key, value in (hydra_cfg.sweeper.get("params") or {}).items()]
     multirun = Path(hydra_cfg.sweep.dir) / "multirun.yaml"
     if multirun.is_file():
-        specs += list(OmegaConf.load(multirun).hydra.overrides.task)
+        specs += list(OmegaConf.create(reading.read_text(multirun)).hydra.overrides.task)
     try:
         overrides = OverridesParser.create().parse_overrides(specs)
     except OverrideParseException as error:  # the sweeper parsed them already; a dashboard nicety must not stop a run
@@ -207,7 +208,7 @@ def has_record(run_dir) -> bool:
 def _global_step(run_dir) -> int:
     """The global step of the run's last evaluation (metrics.json), 0 without one."""
     try:
-        return int(json.loads((Path(run_dir) / "metrics.json").read_text()).get("global_step") or 0)
+        return int(json.loads(reading.read_text(Path(run_dir) / "metrics.json")).get("global_step") or 0)
     except (OSError, ValueError, TypeError, AttributeError):
         return 0
 

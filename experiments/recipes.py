@@ -31,11 +31,11 @@ import logging
 import math
 import re
 import shutil
-from pathlib import Path
 
 import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments import metrics
 from tf_harness.experiments.run_dir import checkpoints, interrupts
@@ -266,6 +266,6 @@ def chosen_checkpoint(choice, run_dir, mode) -> str:
 def _read_json(path):
     """The JSON in `path`, or None when it is missing or unreadable."""
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(reading.read_text(path))
     except (OSError, ValueError):
         return None

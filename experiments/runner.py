@@ -16,7 +16,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data import service
-from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.errors import ConfigError
 from tf_harness.data.input_fn import input_fn
 from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
@@ -289,8 +289,8 @@ class Controller:
             if failed is None:
                 raise
             self.note_unreadable()
-            raise DatasetError(f"{failed.group(1)} in training, at global step {trainer.step}: the image files "
-                               f"are not what dataset={self.spec.name} reads (listed in skipped.csv)") from None
+            raise unreadable.in_a_row_error(failed.group(1), f"in training, at global step {trainer.step}",
+                                            self.spec.name) from None
         finally:
             profiler.close()
             progress.close()

@@ -18,6 +18,7 @@ import tensorflow as tf
 from PIL import Image
 from tqdm import tqdm
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import is_temporary, publish
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.integrity.skipped import SkipLog
@@ -62,8 +63,7 @@ def _image_format(contents: bytes) -> str:
 
 def _encoded_image(path):
     """The features of one image file stored as its original bytes."""
-    with open(path, "rb") as f:
-        contents = f.read()
+    contents = reading.read_bytes(path)
     try:
         with Image.open(io.BytesIO(contents)) as image:  # reads the header only
             (width, height), channels = image.size, len(image.getbands())

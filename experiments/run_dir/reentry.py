@@ -46,6 +46,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from tf_harness.data.integrity import reading
 from tf_harness.experiments.schema import EVALUATION_MODES
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def config_problem(path):
     """What is wrong with the saved config at `path`, in a few words; None when it reads as a run's config."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = reading.read_text(path)
     except FileNotFoundError:
         return "is missing"
     except UnicodeDecodeError:
@@ -200,13 +201,18 @@ def _held_run(run_dir, problem) -> str:
             f"put the run's saved config back, or choose a new hydra.run.dir")
 
 
+def _load(path):
+    """The YAML file at `path` as an OmegaConf config, opened through the door (a named pipe there is refused)."""
+    return OmegaConf.create(reading.read_text(path))
+
+
 def saved_choices(run_dir):
     """(choices, trouble): the group choices of the run saved in `run_dir` (`.hydra/hydra.yaml`'s
     hydra.runtime.choices), and None; or, when that file is missing or unreadable, the dataset and model that
     its saved config names, and what was wrong with the file, in a few words."""
     path = Path(run_dir) / ".hydra" / "hydra.yaml"
     try:
-        choices = OmegaConf.to_container(OmegaConf.load(path).hydra.runtime.choices)
+        choices = OmegaConf.to_container(_load(path).hydra.runtime.choices)
         if isinstance(choices, dict):
             return choices, None
         trouble = "holds no group choices"
@@ -215,7 +221,7 @@ def saved_choices(run_dir):
     except Exception as error:  # noqa: BLE001  not text, not YAML, not Hydra's settings
         trouble = f"cannot be read ({type(error).__name__})"
     try:
-        saved = OmegaConf.load(Path(run_dir) / SAVED)
+        saved = _load(Path(run_dir) / SAVED)
         choices = {group: value_of(saved, f"{group}.name") for group in ("dataset", "model")}
         return {group: name for group, name in choices.items() if isinstance(name, str)}, trouble
     except Exception:  # noqa: BLE001  unreadable_record has refused such a directory already
@@ -275,8 +281,8 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     path = Path(run_dir) / SAVED
-    saved = OmegaConf.load(path)
-    merged = OmegaConf.load(path)
+    saved = _load(path)
+    merged = _load(path)
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     mode_override = [o for o in parsed if o.key_or_group == "mode" and not o.is_delete()]
     mode = value_of(cfg, "mode") if mode_override else value_of(saved, "mode")

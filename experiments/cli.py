@@ -91,7 +91,7 @@ def _append_run_log(run_dir, *lines) -> None:
 
 
 def _report(error, prefix, status=None) -> None:
-    line = f"{prefix}: {_one_line(error)}"
+    line = f"{prefix}: {schema.unknown_override(_one_line(error)) or _one_line(error)}"
     print(line, file=sys.stderr)
     _to_run_log(line, *([_closing(status, "stopped by a config error")] if status is not None else []))
 

@@ -187,6 +187,7 @@ def guarded(task, cfg, problem) -> Outcome:
     # The data package and the trainer import TensorFlow; the config has passed by now.
     from tf_harness.data import caching
     from tf_harness.data.errors import ConfigError, DatasetError
+    from tf_harness.data.integrity.resources import OutOfResource
     from tf_harness.experiments.run_dir.blocking import Stalled
     from tf_harness.experiments.run_dir.checkpoints import UnrestorableError
     from tf_harness.experiments.trainer import NonFiniteLossError
@@ -195,7 +196,7 @@ def guarded(task, cfg, problem) -> Outcome:
         metric = task(settings)
     except ConfigError as error:
         return _failed(f"config error: {_one_line(error)}", 2)
-    except (DatasetError, NonFiniteLossError, UnrestorableError, Stalled) as error:
+    except (DatasetError, NonFiniteLossError, UnrestorableError, Stalled, OutOfResource) as error:
         # A re-entry whose checkpoints refuse it before it writes anything (checkpoints.check_before_start).
         return _failed(f"error: {_one_line(error)}", 1, ran=not getattr(error, "before_start", False))
     except Exception as error:

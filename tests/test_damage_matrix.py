@@ -548,6 +548,9 @@ def xla_cases_of(home) -> list:
 def whole_entries(cache) -> str | None:
     """What is wrong with the cache's entries: one without a record that matches its bytes; None when all match."""
     for entry in cache.glob("xla/tf-*/*/*.pb"):
+        for path in (entry, entry.with_name(entry.name + ".sha256")):
+            if path.exists() and not (path.is_file() or path.is_dir()):
+                return f"{path.name} is a special file, left in the cache"  # never opened: it would wait
         try:
             record = json.loads(entry.with_name(entry.name + ".sha256").read_text())
         except (OSError, ValueError) as error:
@@ -580,7 +583,7 @@ def run_xla_case(home, work, target, how):
         metrics = [json.loads((folder / "metrics.json").read_text()) for folder in (home / "run", case / "run")]
         if metrics[0] != metrics[1]:
             problems.append(f"metrics.json differs from the first run's: {metrics[1]} and {metrics[0]}")
-    problems += [f"the cache is left damaged: {wrong}"] if whole_entries(cache) else []
+    problems += [f"the cache is left damaged: {wrong}"] if (wrong := whole_entries(cache)) else []
     found = re.search(r"XLA programs are cached in \S+ \((\d+) there already\)", log)
     outcome = f"exit {result.returncode}" if result.returncode else (
         "loads the program" if found and found.group(1) != "0" else "compiles it again")

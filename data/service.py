@@ -106,15 +106,26 @@ def start_worker(address) -> str:
     return f"start one with `python -m tf_harness.data.service worker --dispatcher {address}`"
 
 
+def waiting_hint(address) -> str:
+    """What a run waiting for batches from the dispatcher at `address` should look at, in words, as things are now."""
+    if not _answers(address):
+        return f"pipeline.service={address}: its dispatcher no longer answers (stopped or killed); {_restart(address)}"
+    return f"pipeline.service={address}: is a worker running? {start_worker(address)}"
+
+
+def _restart(address) -> str:
+    return (f"start it again with `python -m tf_harness.data.service dispatcher --port {split_address(address)[1]}` "
+            f"(with --work-dir, a restarted one resumes)")
+
+
 def stalled(address, seconds) -> str:
     """The error line of a run that got no training batch from the dispatcher at `address` in `seconds`
     (pipeline.service_timeout): a dispatcher that no longer answers is named as gone; one that answers has no
     worker that serves (a dispatcher without a worker accepts the trainer and never answers it)."""
     head = f"no training batch came from the tf.data service at {address} in pipeline.service_timeout={seconds:g} s"
     if not _answers(address):
-        return (f"{head}: its dispatcher no longer answers (stopped or killed); start it again with `python -m "
-                f"tf_harness.data.service dispatcher --port {split_address(address)[1]}` (with --work-dir, a "
-                f"restarted one resumes), then run the same command again")
+        return f"{head}: its dispatcher no longer answers (stopped or killed); {_restart(address)}, then run the " \
+               f"same command again"
     return f"{head}: its dispatcher has no worker, or none that can read the dataset's files; {start_worker(address)}"
 
 

@@ -331,7 +331,7 @@ class Controller:
         seconds = self.settings.pipeline.service_timeout
         bound = (f"the run fails after pipeline.service_timeout={seconds:g} s" if seconds is not None
                  else "pipeline.service_timeout=null: the run waits however long")
-        return dict(hint=f"pipeline.service={address}: is a worker running? {service.start_worker(address)}; {bound}",
+        return dict(hint=lambda: f"{service.waiting_hint(address)}; {bound}",
                     timeout=seconds, stalled=lambda: f"{service.stalled(address, seconds)} "
                                                      f"({self.run_dir.last_checkpoint_text()})")
 

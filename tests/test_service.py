@@ -1,6 +1,7 @@
 """pipeline.service: training input made by a tf.data service's workers (data/service.py)."""
 import json
 import os
+import logging
 import signal
 import socket
 import subprocess
@@ -390,3 +391,20 @@ def test_a_worker_whose_dispatcher_was_killed_mid_job_stops_at_a_signal_within_s
     assert status == 0, (status, log[-2000:])
     assert took < 10, took
     assert f"Worker stopped by {signal.Signals(signum).name}" in log, log[-2000:]
+
+
+def test_the_waiting_line_names_a_dispatcher_that_is_gone(workerless_dispatcher):
+    from tf_harness.data import service
+
+    assert "its dispatcher no longer answers" in service.waiting_hint(f"grpc://localhost:{_free_port()}")
+    assert "is a worker running?" in service.waiting_hint(workerless_dispatcher)
+
+
+def test_a_waiting_line_asks_its_hint_afresh(caplog, monkeypatch):
+    from tf_harness.experiments.run_dir import blocking
+
+    monkeypatch.setattr(blocking, "INTERVAL", 0.3)
+    asked = []
+    with caplog.at_level(logging.WARNING):
+        blocking.call(time.sleep, 1.0, what="a batch", hint=lambda: asked.append(1) or f"asked {len(asked)}")
+    assert "(asked 1)" in caplog.text and "(asked 2)" in caplog.text

@@ -158,6 +158,14 @@ def test_a_run_log_that_is_a_named_pipe_is_refused_before_hydra_opens_it(tmp_pat
                    f"move it away"
 
 
+def test_a_lock_file_that_is_a_named_pipe_is_refused_before_hydra_writes_anything(tmp_path):
+    from tf_harness.experiments.run_dir import reentry
+
+    os.mkfifo(tmp_path / ".lock")
+    assert reentry.unreadable_record([f"hydra.run.dir={tmp_path}"]).startswith(
+        f"{tmp_path / '.lock'} is a named pipe, not a regular file; the run's lock is taken there")
+
+
 def test_metrics_jsonl_a_named_pipe_is_refused_not_waited_on(tmp_path):
     from tf_harness.experiments import metrics_history
 

@@ -177,21 +177,28 @@ def config_problem(path):
     return None
 
 
+# The run directory's files a start opens before its own checks can refuse it, and what for: Hydra's job log appends
+# to run.log before the run's code starts, and a start that is refused later has written its records by then.
+_OPENED_FIRST = {"run.log": "the run's log is written there", ".lock": "the run's lock is taken there",
+                 ".eval-lock": "the evaluator's lock is taken there"}
+
+
 def unreadable_record(args):
     """The one line to report, before Hydra starts, when the command line re-enters a run directory whose saved
     config is missing or unreadable while the directory holds a run (an HParams record or checkpoint files):
     composing from conf/ instead would rewrite `.hydra/` and train or evaluate another config over the run's
-    checkpoints; or whose run.log is a named pipe, socket or device. None otherwise (a new or unrecorded directory,
-    a readable config, a sweep)."""
+    checkpoints; or whose run.log or lock files are a named pipe, socket or device. None otherwise (a new or
+    unrecorded directory, a readable config, a sweep)."""
     if any(arg in ("-m", "--multirun") for arg in args):
         return None
     run_dir = run_dir_argument(args)
     if run_dir is None or not Path(run_dir).is_dir():
         return None
-    try:
-        reading.check(Path(run_dir) / "run.log")  # Hydra's job log appends to it before the run's code starts
-    except reading.SpecialFileError as error:
-        return f"{error}; the run's log is written there: move it away"
+    for name, use in _OPENED_FIRST.items():
+        try:
+            reading.check(Path(run_dir) / name)
+        except reading.SpecialFileError as error:
+            return f"{error}; {use}: move it away"
     if not _has_run(run_dir):
         return None
     path = Path(run_dir) / SAVED

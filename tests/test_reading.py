@@ -166,6 +166,14 @@ def test_a_lock_file_that_is_a_named_pipe_is_refused_before_hydra_writes_anythin
         f"{tmp_path / '.lock'} is a named pipe, not a regular file; the run's lock is taken there")
 
 
+def test_metrics_jsonl_a_named_pipe_is_refused_before_the_run_trains(tmp_path):
+    from tf_harness.experiments.run_dir import reentry
+
+    os.mkfifo(tmp_path / "metrics.jsonl")
+    assert reentry.unreadable_record([f"hydra.run.dir={tmp_path}"]).startswith(
+        f"{tmp_path / 'metrics.jsonl'} is a named pipe, not a regular file; each evaluation is appended there")
+
+
 def test_metrics_jsonl_a_named_pipe_is_refused_not_waited_on(tmp_path):
     from tf_harness.experiments import metrics_history
 

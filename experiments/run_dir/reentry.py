@@ -177,17 +177,19 @@ def config_problem(path):
     return None
 
 
-# The run directory's files a start opens before its own checks can refuse it, and what for: Hydra's job log appends
-# to run.log before the run's code starts, and a start that is refused later has written its records by then.
+# The run directory's files a run opens in place (appends to or locks) rather than replaces, and what for. A special
+# file there can be neither used nor replaced, and found later (Hydra appends to run.log before the run's code starts)
+# the refusal would come after the start has written its records, or the run trained: so it is refused first.
 _OPENED_FIRST = {"run.log": "the run's log is written there", ".lock": "the run's lock is taken there",
-                 ".eval-lock": "the evaluator's lock is taken there"}
+                 ".eval-lock": "the evaluator's lock is taken there",
+                 "metrics.jsonl": "each evaluation is appended there"}
 
 
 def unreadable_record(args):
     """The one line to report, before Hydra starts, when the command line re-enters a run directory whose saved
     config is missing or unreadable while the directory holds a run (an HParams record or checkpoint files):
     composing from conf/ instead would rewrite `.hydra/` and train or evaluate another config over the run's
-    checkpoints; or whose run.log or lock files are a named pipe, socket or device. None otherwise (a new or
+    checkpoints; or where a file it appends to or locks is a named pipe, socket or device. None otherwise (a new or
     unrecorded directory, a readable config, a sweep)."""
     if any(arg in ("-m", "--multirun") for arg in args):
         return None

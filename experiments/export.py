@@ -248,6 +248,11 @@ def damage(folder: Path) -> str | None:
     if not any(SIGNATURE in meta.signature_def for meta in saved.meta_graphs):
         return f"saved_model.pb holds no {SIGNATURE} signature"
     variables = folder / "variables"
+    for path in sorted(variables.iterdir()) if variables.is_dir() else ():
+        try:
+            reading.check(path)  # TensorFlow opens them itself, and would wait on a named pipe
+        except reading.SpecialFileError as error:
+            return f"variables/{path.name} {error.strerror}"
     try:
         reader = tf.train.load_checkpoint(str(variables / "variables"))
     except (tf.errors.OpError, ValueError):

@@ -234,7 +234,8 @@ def damage(folder: Path) -> str | None:
     """Why `folder` is not a complete export, None when it is one, checked without loading the model: its
     saved_model.pb parses (one cut short does not) and holds the signature, its variables' index opens, its
     data files, variables.data-<i>-of-<n>, are all there, and every variable reads back whole (each is read
-    against its checksum, so a data file cut short or written over is found here, not by whoever loads it)."""
+    against its checksum, so a data file cut short or written over is found here, not by whoever loads it), and
+    none of its files is a named pipe, socket or device, which a loader would wait on."""
     graph = folder / "saved_model.pb"
     if not folder.is_dir():
         return "not a folder"
@@ -247,12 +248,12 @@ def damage(folder: Path) -> str | None:
         return "saved_model.pb does not parse"
     if not any(SIGNATURE in meta.signature_def for meta in saved.meta_graphs):
         return f"saved_model.pb holds no {SIGNATURE} signature"
-    variables = folder / "variables"
-    for path in sorted(variables.iterdir()) if variables.is_dir() else ():
+    for path in sorted(folder.rglob("*")):
         try:
-            reading.check(path)  # TensorFlow opens them itself, and would wait on a named pipe
+            reading.check(path)  # a loader opens every file itself (fingerprint.pb, variables), and would wait on it
         except reading.SpecialFileError as error:
-            return f"variables/{path.name} {error.strerror}"
+            return f"{path.relative_to(folder).as_posix()} {error.strerror}"
+    variables = folder / "variables"
     try:
         reader = tf.train.load_checkpoint(str(variables / "variables"))
     except (tf.errors.OpError, ValueError):

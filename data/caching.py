@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.data.integrity import locks
+from tf_harness.data.integrity import locks, reading
 from tf_harness.data.tables import path_columns
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,11 @@ def _damage(prefix: str):
     tensors, their shapes and dtypes, which add up to the bytes its data files must hold."""
     import tensorflow as tf
 
+    for path in [f"{prefix}.index", *glob.glob(f"{glob.escape(prefix)}.data-*")]:
+        try:
+            reading.check(path)  # TensorFlow opens them itself, and would wait on a named pipe
+        except reading.SpecialFileError as error:
+            return str(error)
     try:
         reader = tf.train.load_checkpoint(prefix)
         shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()

@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
-from tf_harness.data.integrity import unreadable
+from tf_harness.data.integrity import reading, unreadable
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
@@ -109,7 +109,7 @@ def _checkpointed_before_the_table(model_dir) -> bool:
     if not any((run_dir / "checkpoints").glob("ckpt-*.index")):
         return False
     try:
-        return "image_table_mb" not in yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())["pipeline"]
+        return "image_table_mb" not in yaml.safe_load(reading.read_text(run_dir / ".hydra" / "config.yaml"))["pipeline"]
     except (OSError, ValueError, LookupError, TypeError, yaml.YAMLError):  # no saved config: the run says so itself
         return False
 

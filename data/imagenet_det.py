@@ -23,7 +23,7 @@ import pandas as pd
 import tensorflow as tf
 from tqdm import tqdm
 
-from tf_harness.data.integrity import pickle_cache
+from tf_harness.data.integrity import pickle_cache, reading
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.folders import is_folder
 from tf_harness.data.integrity.cache_folder import cache_home
@@ -50,7 +50,7 @@ _PROGRESS_MIN = 2000
 def read_synsets(path=SYNSETS_FILE) -> list:
     """(wnid, name) pairs in devkit order, from a ``map_det.txt`` of ``wnid index name`` lines."""
     synsets = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for number, line in enumerate(reading.read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         wnid, position, name = line.split(maxsplit=2)
@@ -77,7 +77,8 @@ def parse_annotation(path):
         ElementTree.ParseError: the file is not well-formed XML.
         ValueError: a size, name or box coordinate is missing or not a number.
     """
-    annotation = ElementTree.parse(path).getroot()
+    with reading.open_file(path, "rb") as file:
+        annotation = ElementTree.parse(file).getroot()
     width, height = _number(annotation, "size/width"), _number(annotation, "size/height")
     if width <= 0 or height <= 0:
         raise ValueError(f"image size {width}x{height}")

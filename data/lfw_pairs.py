@@ -27,6 +27,7 @@ from tf_harness.data.image_table import stateless_uniforms
 from tf_harness.data.samples.lfw_pairs import make_sample
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.text_files import read_text
 
 log = logging.getLogger(__name__)
@@ -113,10 +114,14 @@ def _find_pairs_file(root: Path, folder: Path, name: str) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
+    fix = f"restore {name} from the LFW release"
     for candidate in candidates:
-        if candidate.exists():
-            kind = "a directory?" if candidate.is_dir() else "a FIFO, a socket or a device?"
-            raise DatasetError(f"{candidate} is not a file ({kind}); restore {name} from the LFW release")
+        if candidate.is_dir():
+            raise DatasetError(f"{candidate} is a directory, not a regular file; {fix}")
+        try:
+            reading.check(candidate)
+        except reading.SpecialFileError as error:
+            raise DatasetError(f"{error}; {fix}") from None
     raise DatasetError(f"{name} not found in {root}; it is needed for the evaluation pairs (dataset.eval_pairs)")
 
 

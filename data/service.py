@@ -8,8 +8,8 @@ normalises them in its step. Start them with::
     python -m tf_harness.data.service worker --dispatcher grpc://HOST:5050     # on each machine with spare cores
 
 A worker needs TensorFlow and the image files (or TFRecord shards) at the paths the trainer indexed
-them under; the pipeline's graph comes from the trainer. SIGINT or SIGTERM stops a server cleanly
-(exit 0); a dispatcher that cannot be reached, or an address that is not ``grpc://host:port``, is one
+them under; the pipeline's graph comes from the trainer. SIGINT or SIGTERM ends a server at once
+(exit 0), whatever it waits on; a dispatcher that cannot be reached, or an address that is not ``grpc://host:port``, is one
 line on stderr and exit status 2, as a config error is for run.py.
 """
 import argparse
@@ -33,7 +33,6 @@ _CONNECT_SECONDS = 5
 # HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113, 3.4); a server's first frame is SETTINGS.
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _SETTINGS = 4
-_STOP_SECONDS = 10
 
 
 def split_address(address, key="pipeline.service") -> tuple:
@@ -107,18 +106,39 @@ def start_worker(address) -> str:
     return f"start one with `python -m tf_harness.data.service worker --dispatcher {address}`"
 
 
+def waiting_hint(address) -> str:
+    """What a run waiting for batches from the dispatcher at `address` should look at, in words, as things are now."""
+    if not _answers(address):
+        return f"pipeline.service={address}: its dispatcher no longer answers (stopped or killed); {_restart(address)}"
+    return f"pipeline.service={address}: is a worker running? {start_worker(address)}"
+
+
+def _restart(address) -> str:
+    return (f"start it again with `python -m tf_harness.data.service dispatcher --port {split_address(address)[1]}` "
+            f"(with --work-dir, a restarted one resumes)")
+
+
 def stalled(address, seconds) -> str:
     """The error line of a run that got no training batch from the dispatcher at `address` in `seconds`
-    (pipeline.service_timeout). A dispatcher without a worker accepts the trainer and never answers it."""
-    return (f"no training batch came from the tf.data service at {address} in pipeline.service_timeout={seconds:g} s: "
-            f"its dispatcher has no worker, or none that can read the dataset's files; {start_worker(address)}")
+    (pipeline.service_timeout): a dispatcher that no longer answers is named as gone; one that answers has no
+    worker that serves (a dispatcher without a worker accepts the trainer and never answers it)."""
+    head = f"no training batch came from the tf.data service at {address} in pipeline.service_timeout={seconds:g} s"
+    if not _answers(address):
+        return f"{head}: its dispatcher no longer answers (stopped or killed); {_restart(address)}, then run the " \
+               f"same command again"
+    return f"{head}: its dispatcher has no worker, or none that can read the dataset's files; {start_worker(address)}"
 
 
 # ----- python -m tf_harness.data.service: the servers -------------------------------------------------------------------
 
 
 def _serve(server, what) -> None:
-    """Serves until SIGINT or SIGTERM, then stops `server` and returns."""
+    """Serves until SIGINT or SIGTERM, then ends the process at once, exit status 0, the server with it.
+
+    `server.stop()` is not called: TensorFlow's stop holds the GIL while it waits for the tasks of jobs still open
+    (a trainer that went away is only forgotten after minutes) or for a dispatcher that is gone, so neither a
+    thread given a bound nor a second signal could end that wait. A process that exits ends its server as surely,
+    and the dispatcher learns of a worker gone from its missed heartbeats, as after a crash."""
     stop = threading.Event()
     received = []
 
@@ -130,17 +150,18 @@ def _serve(server, what) -> None:
         signal.signal(signum, handle)
     while not stop.wait(1.0):
         pass
-    log.info("%s: %s received, stopping", what, received[0])
-    # A worker's stop waits for the tasks of jobs still open (a trainer that went away is only forgotten
-    # after minutes), so it gets a bounded wait; the process ends either way, and the servers with it.
-    stopping = threading.Thread(target=server.stop, daemon=True)
-    stopping.start()
-    stopping.join(_STOP_SECONDS)
-    if stopping.is_alive():
-        log.info("%s stopped, leaving the tasks of open jobs unfinished after %d s", what, _STOP_SECONDS)
-        logging.shutdown()
-        os._exit(0)  # an orderly exit would wait for those tasks again
-    log.info("%s stopped", what)
+    log.info("%s stopped by %s", what, received[0])
+    logging.shutdown()
+    os._exit(0)  # an orderly exit would stop the server from its finalizer, and wait as stop() does
+
+
+def _answers(address) -> bool:
+    """Whether a server accepts connections at `address` (grpc://host:port) within a second."""
+    try:
+        socket.create_connection(split_address(address), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def run_dispatcher(args) -> None:

@@ -97,7 +97,7 @@ def _append_run_log(run_dir, *lines) -> None:
 
 
 def _report(error, prefix, status=None) -> None:
-    line = f"{prefix}: {_one_line(error)}"
+    line = f"{prefix}: {schema.unknown_override(_one_line(error)) or _one_line(error)}"
     print(line, file=sys.stderr)
     _to_run_log(line, *([_closing(status, "stopped by a config error")] if status is not None else []))
 
@@ -211,6 +211,7 @@ def guarded(task, cfg, problem, job, actions=()) -> Outcome:
     # The data package and the trainer import TensorFlow; the config has passed by now.
     from tf_harness.data import caching
     from tf_harness.data.errors import ConfigError, DatasetError
+    from tf_harness.data.integrity.resources import OutOfResource
     from tf_harness.experiments.run_dir.blocking import Stalled
     from tf_harness.experiments.run_dir.checkpoints import UnrestorableError
     from tf_harness.experiments.trainer import NonFiniteLossError
@@ -224,7 +225,7 @@ def guarded(task, cfg, problem, job, actions=()) -> Outcome:
         return _failed(f"error: {not_requeued}", 1, job)
     except ConfigError as error:
         return _failed(f"config error: {_one_line(error)}", 2, job)
-    except (DatasetError, NonFiniteLossError, UnrestorableError, Stalled) as error:
+    except (DatasetError, NonFiniteLossError, UnrestorableError, Stalled, OutOfResource) as error:
         # A re-entry whose checkpoints refuse it before it writes anything (checkpoints.check_before_start).
         return _failed(f"error: {_one_line(error)}", 1, job, ran=not getattr(error, "before_start", False))
     except Exception as error:

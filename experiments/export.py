@@ -50,6 +50,7 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import fingerprint_pb2, saved_model_pb2
 
+from tf_harness.data.integrity import reading
 from tf_harness.experiments.run_dir import checkpoints
 from tf_harness.experiments.run_dir.directory import no_checkpoint
 
@@ -164,7 +165,7 @@ def checkpoint_sha256(prefix) -> str:
     digest = hashlib.sha256()
     for path in sorted([Path(f"{prefix}.index"), *prefix.parent.glob(f"{prefix.name}.data-*-of-*")]):
         digest.update(f"{path.name[len(prefix.name):]}\0{path.stat().st_size}\0".encode())
-        with open(path, "rb") as file:
+        with reading.open_file(path, "rb") as file:
             while chunk := file.read(1 << 20):
                 digest.update(chunk)
     return digest.hexdigest()
@@ -178,7 +179,7 @@ def source_record(prefix, step) -> dict:
 def read_record(folder: Path) -> dict | None:
     """The record of the export in `folder`; None when it has none or one that does not read as a record."""
     try:
-        record = json.loads((folder / RECORD).read_text())
+        record = json.loads(reading.read_text(folder / RECORD))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     keys = {"checkpoint": str, "global_step": int, "sha256": str}
@@ -233,7 +234,8 @@ def damage(folder: Path) -> str | None:
     """Why `folder` is not a complete export, None when it is one, checked without loading the model: its
     saved_model.pb parses (one cut short does not) and holds the signature, its variables' index opens, its
     data files, variables.data-<i>-of-<n>, are all there, and every variable reads back whole (each is read
-    against its checksum, so a data file cut short or written over is found here, not by whoever loads it)."""
+    against its checksum, so a data file cut short or written over is found here, not by whoever loads it), and
+    none of its files is a named pipe, socket or device, which a loader would wait on."""
     graph = folder / "saved_model.pb"
     if not folder.is_dir():
         return "not a folder"
@@ -241,11 +243,16 @@ def damage(folder: Path) -> str | None:
         return "no saved_model.pb"
     saved = saved_model_pb2.SavedModel()
     try:
-        saved.ParseFromString(graph.read_bytes())
+        saved.ParseFromString(reading.read_bytes(graph))
     except DecodeError:
         return "saved_model.pb does not parse"
     if not any(SIGNATURE in meta.signature_def for meta in saved.meta_graphs):
         return f"saved_model.pb holds no {SIGNATURE} signature"
+    for path in sorted(folder.rglob("*")):
+        try:
+            reading.check(path)  # a loader opens every file itself (fingerprint.pb, variables), and would wait on it
+        except reading.SpecialFileError as error:
+            return f"{path.relative_to(folder).as_posix()} {error.strerror}"
     variables = folder / "variables"
     try:
         reader = tf.train.load_checkpoint(str(variables / "variables"))
@@ -270,7 +277,7 @@ def bookkeeping(folder: Path) -> list:
     problems = [] if read_record(folder) else [f"holds no readable {RECORD.as_posix()}"]
     fingerprint = fingerprint_pb2.FingerprintDef()
     try:
-        fingerprint.ParseFromString((folder / "fingerprint.pb").read_bytes())
+        fingerprint.ParseFromString(reading.read_bytes(folder / "fingerprint.pb"))
     except (OSError, DecodeError):
         fingerprint.Clear()
     if not fingerprint.saved_model_checksum:

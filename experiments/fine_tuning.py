@@ -13,7 +13,8 @@ pretrained ResNet-v2 backbone), as warm start names it; a rule is a regular expr
   factor. The optimizer is the configured Keras optimizer with `update_step` taking the factor
   (experiments/optimizers.py `with_multipliers`), so the checkpoint holds the same variables as without.
 
-One log line says what each rule matched; a rule that matches no variable is a config error, in one line. The rules'
+One log line says what each rule matched; a rule that matches no variable, or a `freeze` that leaves none to train,
+is a config error, in one line. The rules'
 syntax is checked before TensorFlow starts (experiments/schema.py).
 """
 import logging
@@ -44,6 +45,9 @@ def trained_variables(model, freeze) -> list:
     for layer in layers:
         layer.trainable = False
     trained = [variable for variable in model.trainable_variables if not pattern.search(variable.path)]
+    if not trained:
+        raise ConfigError(f"trainer.freeze={freeze} matches every one of the model's {len(variables)} trainable "
+                          f"variables, so nothing would train; match fewer (e.g. {_names(variables)})")
     log.info("trainer.freeze=%s: %d of %d trainable variables frozen, %d trained; %d batch-normalization layer(s) "
              "in inference mode", freeze, len(variables) - len(trained), len(variables), len(trained), len(layers))
     return trained

@@ -39,6 +39,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.plugins.hparams import summary_v2 as hp  # what `api` exports, without importing TensorFlow
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ def has_record(run_dir) -> bool:
 def _global_step(run_dir) -> int:
     """The global step of the run's last evaluation (metrics.json), 0 without one."""
     try:
-        return int(json.loads((Path(run_dir) / "metrics.json").read_text()).get("global_step") or 0)
+        return int(json.loads(reading.read_text(Path(run_dir) / "metrics.json")).get("global_step") or 0)
     except (OSError, ValueError, TypeError, AttributeError):
         return 0
 

@@ -19,6 +19,8 @@ import os
 import time
 from pathlib import Path
 
+from tf_harness.data.integrity import reading
+
 log = logging.getLogger(__name__)
 
 NAME = "metrics.jsonl"
@@ -39,7 +41,7 @@ def append(model_dir, record: dict, now=time.time) -> None:
     with its `time`."""
     path = Path(model_dir) / NAME
     line = json.dumps({**_clean(record), "time": now()}, sort_keys=True) + "\n"
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    descriptor = reading.open_descriptor(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         size = os.fstat(descriptor).st_size
         if size and _last_byte(path, size) != b"\n":  # a line cut short by a kill stays a line of its own
@@ -51,7 +53,7 @@ def append(model_dir, record: dict, now=time.time) -> None:
 
 
 def _last_byte(path, size) -> bytes:
-    with open(path, "rb") as f:
+    with reading.open_file(path, "rb") as f:
         f.seek(size - 1)
         return f.read(1)
 
@@ -61,7 +63,7 @@ def read(model_dir) -> list:
     JSON object with an integer `global_step` is skipped, and the skips are logged in one warning."""
     path = Path(model_dir) / NAME
     try:
-        data = path.read_bytes()
+        data = reading.read_bytes(path)
     except FileNotFoundError:
         return []
     except OSError as error:

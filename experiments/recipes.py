@@ -31,13 +31,13 @@ import logging
 import math
 import re
 import shutil
-from pathlib import Path
 
 import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
-from tf_harness.experiments import metrics
+from tf_harness.experiments import metrics, schema
 from tf_harness.experiments.run_dir import checkpoints, interrupts
 from tf_harness.experiments.run_dir.directory import no_checkpoint
 
@@ -86,7 +86,8 @@ class Recipes:
         """`trainer`: its `progress` is the state, None when the run tracks nothing; `run_dir`: the RunDirectory."""
         trainer_settings = settings.trainer
         self.trainer, self.run_dir, self.state = trainer, run_dir, trainer.progress
-        self.metric, self.mode = best_metric(trainer_settings, spec), trainer_settings.best_mode
+        self.metric = best_metric(trainer_settings, spec)
+        self.mode = trainer_settings.best_mode or schema.best_mode(self.metric)  # the config check refused a contradiction
         written = metric_names(spec)
         if self.state is not None and self.metric not in written:  # the config check knows the kind of metric
             raise ConfigError(f"trainer.best_metric={self.metric} is not a metric dataset={spec.name} writes at "
@@ -266,6 +267,6 @@ def chosen_checkpoint(choice, run_dir, mode) -> str:
 def _read_json(path):
     """The JSON in `path`, or None when it is missing or unreadable."""
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(reading.read_text(path))
     except (OSError, ValueError):
         return None

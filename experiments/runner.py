@@ -15,7 +15,7 @@ import tensorflow as tf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data import TASKS, service
-from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.errors import ConfigError
 from tf_harness.data.input_fn import input_fn
 from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
@@ -309,8 +309,8 @@ class Controller:
             if failed is None:
                 raise
             self.note_unreadable()
-            raise DatasetError(f"{failed.group(1)} in training, at global step {self.trainer.step}: the image files "
-                               f"are not what dataset={self.spec.name} reads (listed in skipped.csv)") from None
+            raise unreadable.in_a_row_error(failed.group(1), f"in training, at global step {self.trainer.step}",
+                                            self.spec.name) from None
 
     def _first_batch(self, iterator, step):
         """The next training batch, as a one-batch iterator for the first loop, on every training process alike (the
@@ -344,6 +344,6 @@ class Controller:
         seconds = self.settings.pipeline.service_timeout
         bound = (f"the run fails after pipeline.service_timeout={seconds:g} s" if seconds is not None
                  else "pipeline.service_timeout=null: the run waits however long")
-        return dict(hint=f"pipeline.service={address}: is a worker running? {service.start_worker(address)}; {bound}",
+        return dict(hint=lambda: f"{service.waiting_hint(address)}; {bound}",
                     timeout=seconds, stalled=lambda: f"{service.stalled(address, seconds)} "
                                                      f"({self.run_dir.last_checkpoint_text()})")

@@ -21,6 +21,7 @@ an int or a [height, width] list (OmegaConf 2.3 has no union types), ranges need
 Hydra's own type errors are raised mid-composition over several lines. Checking here gives one line
 per error, naming the key, the value and what is allowed.
 """
+import difflib
 import json
 import math
 import re
@@ -226,7 +227,7 @@ KEYS = {
     "trainer.lr_multipliers": _with_null(MULTIPLIERS, "all at the learning rate"),
     "trainer.keep_best": FLAG,
     "trainer.best_metric": METRIC,
-    "trainer.best_mode": one_of("max", "min"),
+    "trainer.best_mode": _with_null(one_of("max", "min"), "follows trainer.best_metric: min for loss, else max"),
     "trainer.early_stopping.patience": integer(0, null="no early stopping"),
     "trainer.early_stopping.min_delta": number(0),
     "trainer.objective": one_of("last", "best"),
@@ -387,10 +388,46 @@ def problems(cfg, environ=None) -> list:
 
 def _unknown(cfg, key, value, keys):
     group = key.rpartition(".")[0]
-    siblings = sorted(name.rpartition(".")[2] for name in keys if name.rpartition(".")[0] == group)
     where = f"{group}={cfg[group].get('name')}" if group in ("dataset", "model", "strategy") else group or "the config"
-    return (f"{key}={show(value)} is not a key of {where}; "
-            f"its keys are {'|'.join(siblings) if siblings else '(none)'}")
+    return f"{key}={show(value)} is not a key of {where}; {_advice(key, keys)}"
+
+
+def _advice(key, keys) -> str:
+    """"did you mean `<the declared key nearest to key>`?" (by their own names, those of its group first), or the
+    keys of its group when none is near."""
+    group, _, name = key.rpartition(".")
+    own = {other.rpartition(".")[2]: other for other in keys if other.rpartition(".")[0] == group}
+    anywhere = {}
+    for other in keys:
+        anywhere.setdefault(other.rpartition(".")[2], other)
+    for names in (own, anywhere):
+        near = difflib.get_close_matches(name, list(names), n=1, cutoff=0.7)
+        if near:
+            return f"did you mean `{names[near[0]]}`?"
+    return f"its keys are {'|'.join(sorted(own)) if own else '(none)'}"
+
+
+# Hydra's refusal of an override of a key the config does not have: it advises `+key=value`, which adds the key,
+# and the check above then refuses.
+_NOT_IN_STRUCT = re.compile(r"Could not override '(?P<key>[^']+)'\. To append to your config use \+(?P<override>\S+)"
+                            r"\s+Key '[^']*' is not in struct")
+
+
+def unknown_override(message: str) -> str | None:
+    """The line for Hydra's error `message` when it refuses an override of a key no config declares: the key,
+    and "did you mean" the declared key nearest to it; None for any other error."""
+    match = _NOT_IN_STRUCT.search(" ".join(message.split()))
+    if match is None:
+        return None
+    keys = dict(KEYS)
+    for name in TASKS:
+        keys.update(dataset_keys(name))
+    for name in BUILDERS:
+        keys.update(model_keys(name))
+    for options in STRATEGY_KEYS.values():
+        keys.update(options)
+    key, group = match["key"], match["key"].rpartition(".")[0]
+    return f"{match['override']} is not a key of {group or 'the config'}; {_advice(key, keys)}"
 
 
 def _compiles(text) -> bool:
@@ -431,6 +468,15 @@ def _too_small(cfg) -> str | None:
             f"{side}x{side} ({why})")
 
 
+# The metrics of which a lower value is better; for every other one a higher value is.
+LOWER_IS_BETTER = ("loss", "eer")
+
+
+def best_mode(metric) -> str:
+    """Whether a higher ("max") or a lower ("min") value of `metric` is the better one."""
+    return "min" if metric in LOWER_IS_BETTER else "max"
+
+
 def _recipes(cfg) -> str | None:
     """The training recipes' keys against the mode and the dataset (docs/training-loop.md#training-recipes)."""
     choice = cfg.checkpoint
@@ -456,6 +502,12 @@ def _recipes(cfg) -> str | None:
             per_class = "|auc/<class>" if kind == "multilabel" else ""
             return (f"trainer.best_metric={metric} is not a metric dataset={cfg.dataset.name} writes at every "
                     f"evaluation; it writes {'|'.join(written)}{per_class}")
+    mode, follows = cfg.trainer.best_mode, best_mode(metric)  # a null metric is the headline, higher is better
+    if mode is not None and mode != follows:
+        shown = f"trainer.best_metric={metric}" if metric is not None else "the headline metric (trainer.best_metric=null)"
+        return (f"trainer.best_mode={mode} contradicts {shown}, of which a {'lower' if follows == 'min' else 'higher'} "
+                f"value is better; leave trainer.best_mode unset (null), which follows the metric, or set it to "
+                f"{follows}")
     return None
 
 

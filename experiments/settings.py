@@ -173,6 +173,8 @@ class Job:
         """The job Hydra runs now (its HydraConfig), or the one `hydra`, Hydra's own settings, describe."""
         from hydra.types import RunMode
 
+        from tf_harness.data.integrity import reading
+
         if hydra is None:
             from hydra.core.hydra_config import HydraConfig
             hydra = HydraConfig.get()
@@ -183,7 +185,7 @@ class Job:
         overrides = [f"{key}={value}" for key, value in (hydra.sweeper.get("params") or {}).items()]
         multirun = Path(hydra.sweep.dir) / "multirun.yaml"
         if multirun.is_file():
-            overrides += list(OmegaConf.load(multirun).hydra.overrides.task)
+            overrides += list(OmegaConf.create(reading.read_text(multirun)).hydra.overrides.task)
         from tf_harness.experiments import study
 
         return cls(job.run_dir, job.choices, Path(hydra.sweep.dir), tuple(overrides), study.job_trial(hydra))

@@ -7,6 +7,7 @@ import os
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments import hparams as hparams_record
 from tf_harness.experiments import review
@@ -91,8 +92,7 @@ def evaluated_record(model_dir):
     """The evaluation metrics.json holds, with its int `global_step`; None as for `evaluated_step`."""
     path = os.path.join(model_dir, "metrics.json")
     try:
-        with open(path, "rb") as f:
-            values = json.loads(f.read().decode("utf-8"))
+        values = json.loads(reading.read_text(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

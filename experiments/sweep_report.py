@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import yaml
 from hydra.core.utils import JobStatus
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments import hparams
 from tf_harness.experiments.schema import EVALUATING_MODES
@@ -114,7 +115,7 @@ def with_recorded_metric(job: Job, run_dir: Path, outcome) -> dict:
         return outcome
     best = _reports_best(job)  # best.json, experiments/recipes.py: the best evaluation of the run
     try:
-        values = json.loads((run_dir / ("best.json" if best else "metrics.json")).read_text())
+        values = json.loads(reading.read_text(run_dir / ("best.json" if best else "metrics.json")))
     except (OSError, ValueError):  # none, or damaged: the job reports no metric
         return outcome
     value = (values.get("value") if best else values.get(_headline(job))) if isinstance(values, dict) else None
@@ -316,7 +317,7 @@ def sweep_outcomes(sweep_dir: Path, before, interrupt=None) -> list:
 def read_outcome(path: Path) -> dict:
     """The job outcome in `path`, or, when it cannot be read or lacks what a job writes, a failed one saying so."""
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(reading.read_text(path))
     except OSError as error:  # a folder in its place, no permission
         return unknown_outcome(path.parent, f"{path.name} cannot be read ({error.strerror})")
     except ValueError:  # empty, cut short, garbled, not text
@@ -349,7 +350,7 @@ def saved_overrides(folder: Path):
     re-entry's under .hydra/reentry-<time>/), None where there are none or they cannot be read."""
     saved = sorted((folder / ".hydra").glob("reentry-*/overrides.yaml")) or [folder / ".hydra" / "overrides.yaml"]
     try:
-        overrides = yaml.safe_load(saved[-1].read_text())
+        overrides = yaml.safe_load(reading.read_text(saved[-1]))
     except (OSError, ValueError, yaml.YAMLError):
         return None
     return overrides if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides) else None

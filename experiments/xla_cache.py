@@ -33,7 +33,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tf_harness.data.integrity import atomic_file, locks
+from tf_harness.data.integrity import atomic_file, locks, reading
 
 log = logging.getLogger(__name__)
 FLAG = "--tf_xla_persistent_cache_directory"
@@ -138,7 +138,7 @@ def _publish(entry, target) -> bool:
     process is publishing it, or it is not whole."""
     if os.path.lexists(target):
         return False
-    data = entry.read_bytes()
+    data = reading.read_bytes(entry)
     problem = _unwhole(data)
     if problem:
         log.warning("The compiled XLA program %s %s; not published", entry, problem)
@@ -256,7 +256,7 @@ def _read_record(record):
     """The record {"bytes", "sha256"} in the file `record`; None when there is none, or it cannot be read or is
     not one."""
     try:
-        content = json.loads(Path(record).read_text())
+        content = json.loads(reading.read_text(record))
     except (OSError, ValueError):
         return None
     if (not isinstance(content, dict) or set(content) != {"bytes", "sha256"} or type(content["bytes"]) is not int
@@ -268,7 +268,7 @@ def _read_record(record):
 def _describe(path) -> dict:
     """The record of the file at `path`: its size and sha256."""
     digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as file:
+    with reading.open_file(path, "rb") as file:
         while block := file.read(1 << 20):
             digest.update(block)
             size += len(block)

@@ -279,9 +279,9 @@ def _fifo(path):
 
 
 @pytest.mark.parametrize("name, damage, message", [
-    ("Data_Entry_2017.csv", _fifo, r"^.*Data_Entry_2017.csv is not a regular file \(a FIFO, a socket or a device\?\); "
+    ("Data_Entry_2017.csv", _fifo, r"^.*Data_Entry_2017.csv is a named pipe, not a regular file; "
                                    r"restore Data_Entry_2017.csv from the release$"),
-    ("train_val_list.txt", _fifo, r"^.*train_val_list.txt is not a regular file \(a FIFO, a socket or a device\?\); "
+    ("train_val_list.txt", _fifo, r"^.*train_val_list.txt is a named pipe, not a regular file; "
                                   r"restore it from the release"),
     ("Data_Entry_2017.csv", lambda path: _byte_ff(path, 500),
      r"Data_Entry_2017.csv:7: byte 500 \(0xff\) is not UTF-8 text; the file is damaged, restore Data_Entry_2017.csv "

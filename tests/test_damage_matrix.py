@@ -1,5 +1,5 @@
-"""The damage matrix: every file and folder of a finished, exported run directory, deleted, emptied or garbled, then
-re-entered with the training command and with `mode=evaluate`, and each of its export's with `mode=export`.
+"""The damage matrix: every file and folder of a finished, exported run directory, deleted, emptied, garbled or (a
+file) replaced by a named pipe, then re-entered with the training command and with `mode=evaluate`, and each of its export's with `mode=export`.
 
 Each run ends one of two ways, and the outcomes make docs/run-directory.md's table "What each kind of damage does",
 which the last test compares with what was observed here:
@@ -10,11 +10,12 @@ which the last test compares with what was observed here:
 - a non-zero exit with one line on stderr, the run directory left as it was: every file's bytes the same, but
   run.log (appended to) and `.hydra/reentry-*` (each re-entry's record).
 
-Never a traceback, never a checkpoint file that was intact changed or gone, never `.hydra/config.yaml`,
-`hydra.yaml` or `overrides.yaml` rewritten.
+Never a traceback or a hang (a run still going after CASE_SECONDS is stopped and counted one), never a checkpoint
+file that was intact changed or gone, never `.hydra/config.yaml`, `hydra.yaml` or `overrides.yaml` rewritten.
 
 The cases are found in the run directory itself, so a file the harness starts writing is damaged too. A file is
-deleted, emptied and garbled; a folder deleted and emptied. The files training and evaluation do not read back
+deleted, emptied, garbled and replaced by a named pipe (which stands for every special file: opened as a file, it
+waits for a writer that never comes); a folder deleted and emptied. The files training and evaluation do not read back
 (UNREAD) are damaged together, one case per damage, and so are the folders of the event files and the export; the
 export's files and folders, which `mode=export` alone reads, are damaged one by one for it.
 
@@ -34,6 +35,7 @@ import queue
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -52,7 +54,11 @@ TINY = ("dataset=lfw_pairs", "experiment=smoke", "pipeline.image_size=24", "pipe
 TRAINED_TO, MORE = 4, 6
 COMMANDS = {"train": (f"trainer.train_steps={MORE}",), "evaluate": ("mode=evaluate",), "export": ("mode=export",)}
 TRAINING_COMMANDS = ("train", "evaluate")  # what every case is re-entered with; an export's cases, with mode=export
-DAMAGES = ("delete", "empty", "garble")
+DAMAGES = ("delete", "empty", "garble", "pipe")
+# The sweep folder's table (docs/sweeps-and-review.md) keeps the first three.
+SWEEP_DAMAGES = DAMAGES[:3]
+# A case that runs longer is stopped (SIGALRM) and counted a hang: a named pipe read without care waits for ever.
+CASE_SECONDS = 300
 # What a re-entry may change in a run directory it refuses: run.log (appended) and its own .hydra/reentry-*/.
 MAY_CHANGE = re.compile(r"^(run\.log|\.hydra/reentry-[^/]+/.*)$")
 # What no training or evaluating re-entry reads back: it appends to run.log, rewrites skipped.csv, writes event files
@@ -68,7 +74,7 @@ CHECKPOINT_FILE = re.compile(r"^checkpoints/ckpt-(\d+)\.(index|data-\d+-of-\d+)$
 PARALLEL = 2
 
 SERVER = r"""
-import atexit, json, os, sys, traceback
+import atexit, json, os, signal, sys, traceback
 sys.argv = ["run.py"]
 from tf_harness.experiments import cli
 cli.setup()  # first, as run.py does: the environment TensorFlow reads at import
@@ -89,6 +95,7 @@ for line in sys.stdin:
     if pid == 0:
         status = 1
         try:
+            signal.alarm(job["limit"])  # a hung run is ended by the OS: its default action needs no Python
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(os.open(job["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
             os.dup2(os.open(job["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
@@ -121,7 +128,8 @@ class Server:
 
     def run(self, args, out_dir):
         """Runs `python run.py args...`; returns (exit status, stdout, stderr, CPU seconds)."""
-        job = {"args": list(args), "stdout": str(out_dir / "stdout"), "stderr": str(out_dir / "stderr")}
+        job = {"args": list(args), "stdout": str(out_dir / "stdout"), "stderr": str(out_dir / "stderr"),
+               "limit": CASE_SECONDS}
         self.process.stdin.write(json.dumps(job) + "\n")
         self.process.stdin.flush()
         done = json.loads(self.process.stdout.readline())
@@ -134,11 +142,13 @@ class Server:
 
 
 def hashes(run_dir) -> dict:
-    """{relative path: sha256} of every file under `run_dir` (a folder: None, so an emptied one still counts)."""
+    """{relative path: sha256} of every file under `run_dir` (a folder: None, so an emptied one still counts; a named
+    pipe: "named pipe", never opened)."""
     found = {}
     for path in sorted(Path(run_dir).rglob("*")):
         relative = path.relative_to(run_dir).as_posix()
-        found[relative] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        found[relative] = (hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else
+                           "named pipe" if path.is_fifo() else None)
     return found
 
 
@@ -177,10 +187,13 @@ def cases_of(run_dir) -> list:
 
 
 def damage(run_dir, target, how, seed) -> None:
-    """Deletes, empties (a file to 0 bytes, a folder of all it holds) or garbles (every byte of a file replaced by a
-    random one) `target`."""
+    """Deletes, empties (a file to 0 bytes, a folder of all it holds), garbles (every byte of a file replaced by a
+    random one) or replaces by a named pipe (a file) `target`."""
     path = run_dir / target.rstrip("/")
-    if how == "delete":
+    if how == "pipe":
+        path.unlink()
+        os.mkfifo(path)
+    elif how == "delete":
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     elif how == "empty":
         if path.is_dir():
@@ -209,13 +222,14 @@ def short_reason(line) -> str:
                            (r"is ahead of global step", "would overwrite ckpt-{n}"),
                            (r"no checkpoint in .* can be restored", "no checkpoint can be restored"),
                            (r"needs a checkpoint", "no checkpoint"),
-                           (r"\.hydra/config\.yaml (is|does)", "no readable saved config"),
+                           (r"\.hydra/config\.yaml (is|does|cannot)", "no readable saved config"),
+                           (r"/(?P<name>[^/ ]+) is a named pipe, not a regular file", "{name} is a named pipe"),
                            (r"is there but is not a complete export", "not a complete export"),
                            (r"was exported from another checkpoint", "the export of another checkpoint"),
                            (r"a later version than global step", "a later export is there")):
         if re.search(pattern, line):
             ahead = re.search(r"ckpt-(\d+)", line)
-            return words.format(n=ahead.group(1) if ahead else "?")
+            return words.format(n=ahead.group(1) if ahead else "?", **re.search(pattern, line).groupdict())
     return line[:80]
 
 
@@ -241,6 +255,8 @@ def run_case(server, base, work, targets, how, command):
         errors="replace")
     warnings = [line.partition("[WARNING] - ")[2] for line in appended.splitlines() if "[WARNING] - " in line]
     problems = []
+    if status == -signal.SIGALRM:
+        problems.append(f"it hung: stopped after {CASE_SECONDS} s")
     if "Traceback" in stderr:
         problems.append("a traceback on stderr")
     # Checkpoint files that were intact before: byte for byte the same after (the run may add newer ones).
@@ -328,7 +344,7 @@ def table(results) -> str:
         for target in result["targets"]:
             name = f"`{label(target)}`" + (" †" if len(result["targets"]) > 1 else "")
             rows.setdefault(name, {}).setdefault(result["how"], {})[result["command"]] = result["outcome"]
-    lines = ["| damaged | deleted | emptied | garbled |", "|---|---|---|---|"]
+    lines = ["| damaged | deleted | emptied | garbled | named pipe |", "|---|---|---|---|---|"]
     for name in sorted(rows, key=lambda name: (name.endswith("†"), name.strip("`").lower())):
         cells = rows[name]
         shown = ["<br>".join(f"{command}: {cells[how][command]}" for command in COMMANDS if command in cells[how])
@@ -390,7 +406,7 @@ def sweep_cases_of(folder) -> list:
     for path in sorted(Path(folder).rglob("*")):
         relative = path.relative_to(folder).as_posix() + ("/" if path.is_dir() else "")
         if SWEEP_OWN.match(relative):
-            cases += [((relative,), how) for how in (DAMAGES[:2] if path.is_dir() else DAMAGES)]
+            cases += [((relative,), how) for how in (SWEEP_DAMAGES[:2] if path.is_dir() else SWEEP_DAMAGES)]
     return cases
 
 
@@ -474,20 +490,21 @@ def observe(cases, run_one, work, make_table) -> list:
     return results
 
 
-def single_table(results, name=lambda target: target) -> str:
+def single_table(results, name=lambda target: target, damages=DAMAGES) -> str:
     """A table of one command's cases: a row per damaged file or folder as `name` calls it, a column per damage."""
     rows = {}
     for result in results:
         rows.setdefault(f"`{name(result['targets'][0])}`", {})[result["how"]] = result["outcome"]
-    lines = ["| damaged | deleted | emptied | garbled |", "|---|---|---|---|"]
+    headings = {"delete": "deleted", "empty": "emptied", "garble": "garbled", "pipe": "named pipe"}
+    lines = ["| damaged | " + " | ".join(headings[how] for how in damages) + " |", "|---" * (len(damages) + 1) + "|"]
     for row in sorted(rows):
-        lines.append(f"| {row} | " + " | ".join(rows[row].get(how, "—") for how in DAMAGES) + " |")
+        lines.append(f"| {row} | " + " | ".join(rows[row].get(how, "—") for how in damages) + " |")
     return "\n".join(lines)
 
 
 def sweep_table(results) -> str:
     """docs/sweeps-and-review.md's table: a row per file or folder of the sweep, a column per damage."""
-    return single_table(results)
+    return single_table(results, damages=SWEEP_DAMAGES)
 
 
 def test_every_damage_to_a_sweep_folder_ends_in_a_true_report_or_one_line(sweep_observed):
@@ -531,6 +548,9 @@ def xla_cases_of(home) -> list:
 def whole_entries(cache) -> str | None:
     """What is wrong with the cache's entries: one without a record that matches its bytes; None when all match."""
     for entry in cache.glob("xla/tf-*/*/*.pb"):
+        for path in (entry, entry.with_name(entry.name + ".sha256")):
+            if path.exists() and not (path.is_file() or path.is_dir()):
+                return f"{path.name} is a special file, left in the cache"  # never opened: it would wait
         try:
             record = json.loads(entry.with_name(entry.name + ".sha256").read_text())
         except (OSError, ValueError) as error:
@@ -548,7 +568,12 @@ def run_xla_case(home, work, target, how):
         (shutil.copytree(part, cache / part.name) if part.name == "xla" else (cache / part.name).symlink_to(part))
     if target is not None:
         damage(cache, target, how, seed=f"{target}:{how}")
-    result = run_cli(*XLA_RUN, f"hydra.run.dir={case / 'run'}", env={"HARNESS_CACHE": str(cache)}, timeout=900)
+    try:
+        result = run_cli(*XLA_RUN, f"hydra.run.dir={case / 'run'}", env={"HARNESS_CACHE": str(cache)},
+                         timeout=CASE_SECONDS)
+    except subprocess.TimeoutExpired:
+        return {"targets": [target], "how": how, "status": None, "outcome": "hangs", "warnings": [],
+                "problems": [f"it hung: stopped after {CASE_SECONDS} s"], "case": str(case)}
     log = (case / "run" / "run.log").read_text(errors="replace") if (case / "run" / "run.log").is_file() else ""
     warnings = [line.partition("[WARNING] - ")[2] for line in log.splitlines() if "[WARNING] - " in line]
     problems = ["a traceback on stderr"] if "Traceback" in result.stderr else []
@@ -558,7 +583,7 @@ def run_xla_case(home, work, target, how):
         metrics = [json.loads((folder / "metrics.json").read_text()) for folder in (home / "run", case / "run")]
         if metrics[0] != metrics[1]:
             problems.append(f"metrics.json differs from the first run's: {metrics[1]} and {metrics[0]}")
-    problems += [f"the cache is left damaged: {wrong}"] if whole_entries(cache) else []
+    problems += [f"the cache is left damaged: {wrong}"] if (wrong := whole_entries(cache)) else []
     found = re.search(r"XLA programs are cached in \S+ \((\d+) there already\)", log)
     outcome = f"exit {result.returncode}" if result.returncode else (
         "loads the program" if found and found.group(1) != "0" else "compiles it again")

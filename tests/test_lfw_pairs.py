@@ -136,7 +136,7 @@ def test_a_directory_in_place_of_a_pairs_file_is_an_error_naming_it(real_tree, t
     path = real_tree / "pairsDevTest.txt"
     path.unlink()
     path.mkdir()
-    with pytest.raises(DatasetError, match=re.escape(f"{path} is not a file (a directory?); restore "
+    with pytest.raises(DatasetError, match=re.escape(f"{path} is a directory, not a regular file; restore "
                                                      f"pairsDevTest.txt from the LFW release")):
         task_of(compose("dataset=lfw_pairs")).index(real_tree, SkipLog())
     with pytest.raises(DatasetError, match=re.escape(f"{path} cannot be read (Is a directory); restore it")):
@@ -147,7 +147,7 @@ def test_a_named_pipe_in_place_of_a_pairs_file_is_an_error_naming_it(real_tree):
     path = real_tree / "pairsDevTest.txt"
     path.unlink()
     os.mkfifo(path)
-    with pytest.raises(DatasetError, match=re.escape(f"{path} is not a file (a FIFO, a socket or a device?); restore "
+    with pytest.raises(DatasetError, match=re.escape(f"{path} is a named pipe, not a regular file; restore "
                                                      f"pairsDevTest.txt from the LFW release")):
         task_of(compose("dataset=lfw_pairs")).index(real_tree, SkipLog())
 

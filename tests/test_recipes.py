@@ -464,6 +464,11 @@ def test_a_run_keeps_its_best_stops_early_stays_stopped_and_evaluates_its_best(t
     (("trainer.clip_global_norm=0",), "trainer.clip_global_norm=0 is not a number > 0, or null"),
     (("trainer.best_mode=up",), "trainer.best_mode=up is not one of max|min"),
     (("trainer.objective=first",), "trainer.objective=first is not one of last|best"),
+    (("trainer.best_metric=loss", "trainer.best_mode=max"),
+     "trainer.best_mode=max contradicts trainer.best_metric=loss, of which a lower value is better; leave "
+     "trainer.best_mode unset (null), which follows the metric, or set it to min"),
+    (("trainer.best_mode=min",),
+     "trainer.best_mode=min contradicts the headline metric (trainer.best_metric=null), of which a higher value"),
     (("dataset=lfw_pairs", "trainer.best_metric=auc/mean"),
      "trainer.best_metric=auc/mean is not a metric dataset=lfw_pairs writes at every evaluation; it writes "
      "loss|accuracy|auc"),
@@ -493,6 +498,12 @@ def test_good_recipe_values_pass():
                        "trainer.objective=best"),
                       ("mode=predict", "checkpoint=best"), ("mode=evaluate", "checkpoint=40")]:
         assert schema.problems(compose(*overrides), {}) == [], overrides
+
+
+def test_best_mode_follows_the_metric_by_default(tmp_path):
+    """A lower loss is the better one: unset, best_mode follows the metric, so "New best loss" is the lowest."""
+    assert recipes_of(tmp_path / "loss", "trainer.best_metric=loss").mode == "min"
+    assert recipes_of(tmp_path / "headline").mode == "max"
 
 
 def test_the_schemas_metrics_are_those_an_evaluation_writes():
@@ -576,6 +587,8 @@ def test_a_learning_rate_multiplier_scales_the_update_of_the_variables_it_matche
     ("trainer.freeze='^backbone/'", "trainer.freeze=^backbone/ matches none of the model's 12 trainable variables"),
     ("trainer.lr_multipliers={logits: 2, backbone: 0.1}",
      "trainer.lr_multipliers: 'backbone' matches none of the 12 trained variables"),
+    ("trainer.freeze=.", "trainer.freeze=. matches every one of the model's 12 trainable variables, so nothing would "
+                         "train"),
 ])
 def test_a_rule_that_matches_nothing_is_a_config_error_in_one_line(override, line):
     from tf_harness.data.errors import ConfigError

@@ -1,6 +1,7 @@
 """pipeline.service: training input made by a tf.data service's workers (data/service.py)."""
 import json
 import os
+import logging
 import signal
 import socket
 import subprocess
@@ -323,3 +324,87 @@ def test_a_run_pointed_at_a_server_that_is_not_a_dispatcher_exits_2_leaving_no_f
     assert result.stderr.strip().splitlines()[-1].startswith(
         f"config error: pipeline.service=grpc://localhost:{server.port}: a server listens there, but not a gRPC one")
     assert not (tmp_path / "run").exists()
+
+
+# ----- signals and a dead dispatcher ----------------------------------------------------------------------------------
+
+
+def test_a_stalled_run_names_a_dispatcher_that_is_gone_as_gone():
+    from tf_harness.data import service
+
+    address = f"grpc://localhost:{_free_port()}"  # nothing listens there: the dispatcher was killed
+    line = service.stalled(address, 300)
+    assert "its dispatcher no longer answers" in line and "has no worker" not in line, line
+
+
+def test_a_stalled_run_whose_dispatcher_answers_says_it_has_no_worker(workerless_dispatcher):
+    from tf_harness.data import service
+
+    line = service.stalled(workerless_dispatcher, 300)
+    assert "its dispatcher has no worker" in line and "no longer answers" not in line, line
+
+
+CONSUMER = """
+import sys, time
+import tensorflow as tf
+data = tf.data.Dataset.range(10 ** 9).map(lambda x: tf.fill([64, 64], x)).apply(
+    tf.data.experimental.service.distribute("distributed_epoch", sys.argv[1]))
+for number, _ in enumerate(data):
+    if number == 5:
+        print("consuming", flush=True)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow  # a dispatcher, a worker and a consumer start TensorFlow: about a minute on 2 cores
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_whose_dispatcher_was_killed_mid_job_stops_at_a_signal_within_seconds(tmp_path, signum):
+    port = _free_port()
+    address = f"grpc://localhost:{port}"
+    dispatcher = Server(tmp_path / "dispatcher.log", "dispatcher", "--port", str(port), "--host", "localhost")
+    dispatcher.wait_for("Dispatcher listening")
+    worker = Server(tmp_path / "worker.log", "worker", "--dispatcher", address, "--host", "localhost")
+    worker.wait_for("Worker started")
+    consumer_log = tmp_path / "consumer.log"
+    with open(consumer_log, "w") as output:
+        consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, address], stdout=output, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        deadline = time.monotonic() + 300
+        while "consuming" not in consumer_log.read_text():
+            assert consumer.poll() is None and time.monotonic() < deadline, consumer_log.read_text()[-3000:]
+            time.sleep(0.2)
+        dispatcher.process.kill()  # mid-job: the worker serves a task of the consumer's
+        dispatcher.process.wait()
+        time.sleep(3)
+        sent = time.monotonic()
+        worker.process.send_signal(signum)
+        try:
+            status = worker.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            status = None
+        took = time.monotonic() - sent
+    finally:
+        for process in (consumer, worker.process, dispatcher.process):
+            process.kill()
+    log = worker.log_path.read_text()
+    assert status == 0, (status, log[-2000:])
+    assert took < 10, took
+    assert f"Worker stopped by {signal.Signals(signum).name}" in log, log[-2000:]
+
+
+def test_the_waiting_line_names_a_dispatcher_that_is_gone(workerless_dispatcher):
+    from tf_harness.data import service
+
+    assert "its dispatcher no longer answers" in service.waiting_hint(f"grpc://localhost:{_free_port()}")
+    assert "is a worker running?" in service.waiting_hint(workerless_dispatcher)
+
+
+def test_a_waiting_line_asks_its_hint_afresh(caplog, monkeypatch):
+    from tf_harness.experiments.run_dir import blocking
+
+    monkeypatch.setattr(blocking, "INTERVAL", 0.3)
+    asked = []
+    with caplog.at_level(logging.WARNING):
+        blocking.call(time.sleep, 1.0, what="a batch", hint=lambda: asked.append(1) or f"asked {len(asked)}")
+    assert "(asked 1)" in caplog.text and "(asked 2)" in caplog.text

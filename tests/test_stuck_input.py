@@ -28,11 +28,11 @@ def _problem_within(path, seconds):
 def test_an_image_file_that_is_a_named_pipe_is_a_problem_not_a_wait(tmp_path):
     pipe = tmp_path / "Ana_Costa_0001.jpg"
     os.mkfifo(pipe)
-    assert _problem_within(pipe, 5) == "not a regular file (a named pipe)"
+    assert _problem_within(pipe, 5) == f"{pipe} is a named pipe, not a regular file"
     whole = tmp_path / "whole.jpg"
     whole.write_bytes(b"\xff\xd8\xff\xe0" + b"\0" * 100 + b"\xff\xd9")
     problems, _ = check_files([str(pipe), str(whole)])
-    assert problems == {str(pipe): "not a regular file (a named pipe)"}
+    assert problems == {str(pipe): f"{pipe} is a named pipe, not a regular file"}
 
 
 class _Never:

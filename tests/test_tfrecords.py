@@ -646,3 +646,32 @@ def test_a_shards_sha256_is_read_once_per_version_of_the_file(converted, tmp_pat
     os.utime(copied.directory / manifest["splits"]["train"]["shards"][0]["file"])
     reader.TFRecordRecords(task_of(copy), tables["train"], "train", True, copied)
     assert len(hashed) == len(manifest["splits"]["train"]["shards"]) + 1
+
+
+@pytest.mark.slow  # indexes and checks the chest sample before it converts: about a minute on 2 busy cores
+def test_a_signal_stops_the_conversion_at_once_leaving_the_shards_not_begun(tmp_path, monkeypatch):
+    """The writers stop at their next record and the shards not begun are cancelled: the pool's block would
+    otherwise write every shard, the whole conversion, before the signal could end the process."""
+    import signal
+    import threading
+    import time
+
+    cfg = _cfg("chest_xray", tmp_path / "shards", "encoded")
+    examples, sent = writer._examples, []
+
+    def slowly(*args):
+        for record in examples(*args):
+            if not sent:  # the first record of the first shard: the conversion is under way
+                sent.append(time.monotonic())
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            time.sleep(0.2)
+            yield record
+
+    monkeypatch.setattr(writer, "_examples", slowly)
+    with pytest.raises(KeyboardInterrupt):
+        convert_shards(cfg)
+    took = time.monotonic() - sent[0]
+    assert took < 5, took  # each of the 361 records takes 0.2 s: the whole conversion would take 36 s or more
+    manifest = json.loads((tmp_path / "shards" / layout.MANIFEST).read_text()) if (
+        tmp_path / "shards" / layout.MANIFEST).exists() else {}
+    assert not manifest.get("complete")

@@ -11,6 +11,8 @@ Nothing here imports TensorFlow: the run directory's lock is taken before it sta
 import fcntl
 import os
 
+from tf_harness.data.integrity import reading
+
 
 class Held:
     """An exclusive lock this process holds on the file `path` through the open descriptor `fd`. Let go of it
@@ -47,9 +49,9 @@ class Held:
 def take(path, *, wait: bool = False, create: bool = True) -> Held | None:
     """Takes an exclusive lock on the file `path`: returns it held, or None when another holder has it (with
     `wait`, waits for it instead, so never None). The file is made (mode 0644) when missing, unless `create` is
-    false: then FileNotFoundError. Any other OSError of opening it (a folder in its place, a read-only folder) is
-    raised as it is, naming the path. A second `take` of the same file in one process counts as another holder."""
-    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    false: then FileNotFoundError. A named pipe, socket or device in its place is reading.SpecialFileError; any
+    other OSError of opening it (a folder in its place, a read-only folder) is raised as it is, naming the path. A second `take` of the same file in one process counts as another holder."""
+    fd = reading.open_descriptor(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
     try:
         taken = _flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BaseException:

@@ -13,6 +13,7 @@ import pickle
 import shutil
 from pathlib import Path
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ def read(path: Path, default=None, key=None):
     """The object pickled at `path` (with `key`, only where it was written with an equal key), or `default`
     when there is none or it cannot be read."""
     try:
-        with open(path, "rb") as f:
+        with reading.open_file(path, "rb") as f:
             content = pickle.load(f)
     except FileNotFoundError:
         return default

@@ -4,11 +4,9 @@ A copy or download can damage any of them: one that cannot be read, or that hold
 text, is a DatasetError naming the file, and for such a byte its line and offset, with what to do about it.
 """
 import codecs
-import os
-import stat
-from pathlib import Path
 
 from tf_harness.data.errors import DatasetError
+from tf_harness.data.integrity import reading
 
 
 def read_text(path, fix: str) -> str:
@@ -19,11 +17,9 @@ def read_text(path, fix: str) -> str:
             offset in the file) and `fix`, what to do about it.
     """
     try:
-        mode = os.stat(path).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            # A FIFO, socket or device in its place: reading one would wait for a writer that never comes.
-            raise DatasetError(f"{path} is not a regular file (a FIFO, a socket or a device?); {fix}")
-        content = Path(path).read_bytes()
+        content = reading.read_bytes(path)
+    except reading.SpecialFileError as error:  # a named pipe, say, refused before it was opened
+        raise DatasetError(f"{error}; {fix}") from None
     except OSError as error:  # a directory in its place, a dangling link, no permission, a read error
         raise unreadable(path, error, fix) from None
     mark = len(codecs.BOM_UTF8) if content.startswith(codecs.BOM_UTF8) else 0

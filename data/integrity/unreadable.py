@@ -19,6 +19,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from tf_harness.data.errors import DatasetError
+from tf_harness.data.integrity import reading, resources
 from tf_harness.data.integrity.verification import problem
 
 # Training stops, naming this module's message, after this many failed records in a row (or a whole
@@ -105,6 +107,7 @@ def _reason(path) -> str:
     try:
         tf.io.decode_image(tf.io.read_file(path), expand_animations=False).numpy()
     except tf.errors.OpError as error:
+        resources.raise_if_exhausted(error, f"decoding {path} again")  # no verdict on the file, then
         # "{{function_node ...}} Invalid PNG data, size 223248 [Op:DecodeImage] name:" -> "Invalid PNG data, ..."
         message = error.message.splitlines()[0].rpartition("}}")[2].partition(" [Op:")[0].strip()
         return f"undecodable image: damaged inside ({message})"
@@ -121,10 +124,10 @@ def _listed_paths(path) -> list:
     """The image paths that the report file at `path` lists; none, logged once, for a file `guard` did not write
     (a name that is not the hash of its content: damaged, cut short, or put there) or a directory."""
     try:
-        content, why = Path(path).read_bytes(), None
+        content, why = reading.read_bytes(path), None
     except IsADirectoryError:
         content, why = b"", f"{path} is a directory, not a report; ignored"
-    except OSError as error:
+    except OSError as error:  # a named pipe in its place, too (reading.SpecialFileError)
         content, why = b"", f"{path} cannot be read ({error.strerror or error}); ignored"
     if why is None and not _written_by_guard(Path(path).name, content):
         why = f"{len(content.splitlines())} unreadable lines in {path} ignored (not a report a pipeline wrote)"
@@ -145,11 +148,12 @@ def _listed_paths(path) -> list:
 def collect(report_dir, known) -> list:
     """The (path, reason) rows for records reported in `report_dir` whose paths are not in `known`.
 
-    A record of several images (an LFW pair) lists each; the image that fails on the host is named, or
-    all of them, when none does again (a read that failed only for a while). A file that is not a report
-    `guard` wrote lists nothing (`_listed_paths`).
+    A record of several images (an LFW pair) lists each; the image that fails on the host is named. A record
+    whose images all read and decode whole on the host is no fault of the data (the pipeline ran short of memory
+    or file handles, say): it is logged, never listed, and counted for `in_a_row_error`. A file that is not a report
+    `guard` wrote lists nothing (`_listed_paths`). OutOfResource when the host runs out of a resource itself.
     """
-    rows = []
+    rows, whole = [], 0
     try:
         reports = sorted(os.scandir(report_dir), key=lambda entry: entry.name)
     except FileNotFoundError:
@@ -158,6 +162,31 @@ def collect(report_dir, known) -> list:
         paths = [path for path in _listed_paths(entry.path) if path and path not in known]
         reasons = [(path, _reason(path)) for path in paths]
         failing = [(path, reason) for path, reason in reasons if reason]
-        rows += failing or [(path, "failed to read or decode during the run (reads whole now)") for path in paths]
+        rows += failing
+        if paths and not failing:
+            whole, example = whole + 1, " and ".join(paths)
         known.update(paths)
+    if whole:
+        log.warning("%d record(s) failed to load in the input pipeline but read and decode whole here (%s%s): not "
+                    "listed in skipped.csv; the pipeline may have run short of memory or file handles", whole,
+                    example, ", ..." if whole > 1 else "")
+    if rows or whole:
+        _last_judged.update(bad=len(rows), whole=whole)
     return rows
+
+
+# What the last `collect` that found new reports judged: how many images were at fault, how many records whole.
+_last_judged = {"bad": 0, "whole": 0}
+
+
+def in_a_row_error(failed: str, where: str, dataset: str) -> Exception:
+    """The error of a pass that stopped because `failed` ("N records in a row failed ...") at `where`, after
+    `collect` has judged the reports: a DatasetError when the files are at fault, OutOfResource when every record
+    it could judge reads and decodes whole here (the pipeline ran out of memory or file handles, not the data)."""
+    if _last_judged["whole"] and not _last_judged["bad"]:
+        return resources.OutOfResource(
+            f"{failed} {where}, yet they read and decode whole outside the input pipeline: it ran out of memory or "
+            f"file handles, not a fault of the data (none listed in skipped.csv); ask for less (a smaller "
+            f"pipeline.image_size or pipeline.batch_size), then run the same command again")
+    return DatasetError(f"{failed} {where}: the image files are not what dataset={dataset} reads (listed in "
+                        f"skipped.csv)")

@@ -17,13 +17,12 @@ its decode fails, and listed in skipped.csv then (data/integrity/unreadable.py).
 import hashlib
 import logging
 import os
-import stat
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tf_harness.data.integrity import pickle_cache
+from tf_harness.data.integrity import pickle_cache, reading, resources
 from tf_harness.data.integrity.cache_folder import cache_home
 
 log = logging.getLogger(__name__)
@@ -37,9 +36,8 @@ BMP_SIGNATURE = b"BM"
 JPEG_TAIL = 64
 _PNG_COLOUR_TYPES = {0, 2, 3, 4, 6}
 _CHUNK = 500
-_KINDS = {stat.S_IFIFO: "named pipe", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device"}
 # Bump when `problem` or the verdicts' key changes, so every file is checked again.
-VERSION = 3
+VERSION = 4
 
 
 def _png_problem(head, tail):
@@ -56,18 +54,15 @@ def _png_problem(head, tail):
 def problem(path):
     """What is wrong with the image file at `path` from its first and last bytes, or None when it looks whole."""
     try:
-        # Opened without blocking, and only a regular file read: opening a named pipe (a FIFO) waits for a writer
-        # that never comes, and the whole run with it, out of reach of SIGINT and SIGTERM.
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with open(descriptor, "rb") as f:
-            mode = os.fstat(descriptor).st_mode
-            if not stat.S_ISREG(mode):
-                return f"not a regular file (a {_KINDS.get(stat.S_IFMT(mode), 'special file')})"
+        with reading.open_file(path, "rb") as f:
             head = f.read(32)
             size = f.seek(0, os.SEEK_END)
             f.seek(max(size - JPEG_TAIL, 0))
             tail = f.read()
+    except reading.SpecialFileError as error:
+        return str(error)
     except OSError as error:
+        resources.raise_if_exhausted(error)  # out of file handles or memory: no verdict on the file
         return f"unreadable file ({error.strerror or error})"
     if not head:
         return "empty file"

@@ -12,6 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.data.integrity.cache_folder import cache_home
 from tf_harness.data.samples import staging as staging_dir
@@ -53,7 +54,7 @@ def mismatch(root: Path):
     """What about the sample at `root` does not match its manifest, or None when every file it lists is there as
     it was written."""
     try:
-        files = json.loads((root / MANIFEST).read_text())["files"]
+        files = json.loads(reading.read_text(root / MANIFEST))["files"]
     except (OSError, ValueError, KeyError, TypeError):
         files = None
     if not isinstance(files, dict):  # missing, not JSON, or JSON of another shape

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tf_harness.data.integrity import pickle_cache
+from tf_harness.data.integrity import pickle_cache, reading
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.data.integrity.cache_folder import cache_home
 from tf_harness.data.tables import path_columns
@@ -111,7 +111,7 @@ def sha256(path, limit=None) -> str:
     """The sha256 of the file at `path`, or of its first `limit` bytes."""
     digest = hashlib.sha256()
     left = float("inf") if limit is None else limit
-    with open(path, "rb") as f:
+    with reading.open_file(path, "rb") as f:
         while left > 0:
             block = f.read(int(min(1 << 20, left)))
             if not block:

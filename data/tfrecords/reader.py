@@ -17,6 +17,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.integrity import reading
 from tf_harness.data.tfrecords.layout import (MANIFEST, SHARD_NAME, TFRecordSettings, convert_command, fingerprint,
                                               image_prefix, label_key, preprocessing, read_verdicts, sha256,
                                               shard_state, write_verdicts)
@@ -77,7 +78,7 @@ def read_manifest(path: Path) -> tuple:
     """(the manifest at `path`, None), or (None, why it is none the converter wrote): unreadable, not JSON, or
     without a field the reader and converter use. A file that is not there is (None, None)."""
     try:
-        content = path.read_bytes()
+        content = reading.read_bytes(path)
     except FileNotFoundError:
         return None, None
     except IsADirectoryError:

@@ -10,6 +10,7 @@ import io
 import logging
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import tensorflow as tf
 from PIL import Image
 from tqdm import tqdm
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import is_temporary, publish
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.integrity.skipped import SkipLog
@@ -62,8 +64,7 @@ def _image_format(contents: bytes) -> str:
 
 def _encoded_image(path):
     """The features of one image file stored as its original bytes."""
-    with open(path, "rb") as f:
-        contents = f.read()
+    contents = reading.read_bytes(path)
     try:
         with Image.open(io.BytesIO(contents)) as image:  # reads the header only
             (width, height), channels = image.size, len(image.getbands())
@@ -121,19 +122,26 @@ def _examples(task, encoding, rows, skipped):
         skipped.add(rows[columns[0]].iloc[i], "undecodable image (raw TFRecord conversion)")
 
 
-def _write_shard(task, encoding, rows, path: Path, progress, skipped) -> dict:
+def _write_shard(task, encoding, rows, path: Path, progress, skipped, stop=None) -> dict:
     """Writes one shard under a temporary name and renames it when whole. The temporary is `<shard>.tmp`, not
-    atomic_file's own name: tf.io.TFRecordWriter takes a path, and the converter's clean-up knows this name."""
+    atomic_file's own name: tf.io.TFRecordWriter takes a path, and the converter's clean-up knows this name.
+    `stop` (a threading.Event), once set, ends the shard at its next record, unfinished (_Stopped)."""
     tmp = path.with_name(path.name + ".tmp")
     count = 0
     with tf.io.TFRecordWriter(str(tmp)) as writer:
         for record in _examples(task, encoding, rows, skipped):
+            if stop is not None and stop.is_set():
+                raise _Stopped(path)
             writer.write(record)
             count += 1
             progress.update(1)
     digest = sha256(tmp)
     publish(tmp, path)
     return {"file": path.name, "count": count, "bytes": path.stat().st_size, "sha256": digest}
+
+
+class _Stopped(Exception):
+    """A shard left unfinished because the conversion was stopped (a signal); its `.tmp` is cleaned up next time."""
 
 
 def _identity(manifest) -> dict:
@@ -271,15 +279,23 @@ def convert(task, settings: TFRecordSettings, seed, verify_images, max_skipped_f
     log.info("Converting %s to %s TFRecords in %s: %d of %d shards to write", task.SPEC.name, encoding,
              directory, len(pending), len(jobs))
     total = sum(len(rows) for _, _, rows in pending)
+    # A signal (or any error) stops the writers at their next record and cancels the shards not begun: leaving the
+    # pool's block would otherwise wait for every shard, the whole conversion, before the process could exit.
+    stop = threading.Event()
     with tqdm(total=total, desc=f"writing {encoding} TFRecords", unit="img") as progress, \
             ThreadPoolExecutor(max(os.cpu_count() or 1, 2)) as pool:
-        futures = {pool.submit(_write_shard, task, encoding, rows,
-                               directory / manifest["splits"][split]["shards"][i]["file"], progress, skipped):
-                   (split, i) for split, i, rows in pending}
-        for future in as_completed(futures):
-            split, i = futures[future]
-            manifest["splits"][split]["shards"][i].update(future.result())
-            write_json(directory / MANIFEST, manifest)  # progress survives a kill; complete shards are reused
+        try:
+            futures = {pool.submit(_write_shard, task, encoding, rows,
+                                   directory / manifest["splits"][split]["shards"][i]["file"], progress, skipped,
+                                   stop): (split, i) for split, i, rows in pending}
+            for future in as_completed(futures):
+                split, i = futures[future]
+                manifest["splits"][split]["shards"][i].update(future.result())
+                write_json(directory / MANIFEST, manifest)  # progress survives a kill; complete shards are reused
+        except BaseException:
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     for entry in manifest["splits"].values():
         entry["count"] = sum(shard["count"] for shard in entry["shards"])
     manifest["complete"] = True

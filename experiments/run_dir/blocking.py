@@ -68,7 +68,8 @@ def call(work, *args, what, expected=0.0, hint="", timeout=None, stalled=None):
     """Returns `work(*args)`, or raises what it raised, having run it in a daemon thread while this thread waits.
     One caller at a time (the runner's main thread).
 
-    `what` names the work in the waiting line (``waiting for <what> for <seconds> s (<hint>)``); `expected`: the seconds
+    `what` names the work in the waiting line (``waiting for <what> for <seconds> s (<hint>)``; `hint` may be a
+    function, asked at each line, for what the wait looks like then); `expected`: the seconds
     it is expected to take at most (the longest such work before it). `timeout`: seconds past `expected` after
     which Stalled is raised with the line `stalled()` gives; None waits however long. A signal raises Abandoned
     when the work is left unfinished (module docstring)."""
@@ -106,6 +107,7 @@ def _wait(done, what, expected, hint, timeout, stalled):
             raise Stalled(stalled() if stalled else f"{what} did not finish in {timeout:g} s")
         if elapsed >= next_line:
             took = f", the longest before it took {expected:.1f} s" if expected else ""
-            log.warning("waiting for %s for %.0f s%s%s", what, elapsed, took, f" ({hint})" if hint else "")
+            said = hint() if callable(hint) else hint
+            log.warning("waiting for %s for %.0f s%s%s", what, elapsed, took, f" ({said})" if said else "")
             next_line += INTERVAL
 

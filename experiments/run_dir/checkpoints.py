@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf import text_format
 
-from tf_harness.data.integrity import atomic_file
+from tf_harness.data.integrity import atomic_file, reading
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def state_problem(checkpoint_dir, found=None) -> str | None:
     found = on_disk(checkpoint_dir) if found is None else found
     state_file = Path(checkpoint_dir) / STATE
     try:
-        text = state_file.read_bytes().decode()
+        text = reading.read_bytes(state_file).decode()  # before TensorFlow's manager reads it
     except FileNotFoundError:
         return "was missing" if found else None
     except (OSError, UnicodeDecodeError) as error:

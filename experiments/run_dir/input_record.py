@@ -8,6 +8,7 @@ import json
 import logging
 from pathlib import Path
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ def _input_records(checkpoint_dir, warn=False) -> list:
     """The records `note_input` keeps; none when the file is missing or unreadable (logged when `warn`)."""
     path = Path(checkpoint_dir) / INPUT_RECORD
     try:
-        records = json.loads(path.read_bytes().decode("utf-8"))
+        records = json.loads(reading.read_text(path))
     except FileNotFoundError:
         problem = "is missing"
     except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

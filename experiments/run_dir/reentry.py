@@ -46,6 +46,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from tf_harness.data.integrity import reading
 from tf_harness.experiments.schema import EVALUATION_MODES
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ def config_problem(path):
     """What is wrong with the saved config at `path`, in a few words; None when it reads as a run's config."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = reading.read_text(path)
     except FileNotFoundError:
         return "is missing"
     except UnicodeDecodeError:
@@ -184,15 +185,31 @@ def config_problem(path):
     return None
 
 
+# The run directory's files a run opens in place (appends to or locks) rather than replaces, and what for. A special
+# file there can be neither used nor replaced, and found later (Hydra appends to run.log before the run's code starts)
+# the refusal would come after the start has written its records, or the run trained: so it is refused first.
+_OPENED_FIRST = {"run.log": "the run's log is written there", ".lock": "the run's lock is taken there",
+                 ".eval-lock": "the evaluator's lock is taken there",
+                 "metrics.jsonl": "each evaluation is appended there"}
+
+
 def unreadable_record(args):
     """The one line to report, before Hydra starts, when the command line re-enters a run directory whose saved
     config is missing or unreadable while the directory holds a run (an HParams record or checkpoint files):
     composing from conf/ instead would rewrite `.hydra/` and train or evaluate another config over the run's
-    checkpoints. None otherwise (a new or unrecorded directory, a readable config, a sweep)."""
+    checkpoints; or where a file it appends to or locks is a named pipe, socket or device. None otherwise (a new or
+    unrecorded directory, a readable config, a sweep)."""
     if any(arg in ("-m", "--multirun") for arg in args):
         return None
     run_dir = run_dir_argument(args)
-    if run_dir is None or not Path(run_dir).is_dir() or not _has_run(run_dir):
+    if run_dir is None or not Path(run_dir).is_dir():
+        return None
+    for name, use in _OPENED_FIRST.items():
+        try:
+            reading.check(Path(run_dir) / name)
+        except reading.SpecialFileError as error:
+            return f"{error}; {use}: move it away"
+    if not _has_run(run_dir):
         return None
     path = Path(run_dir) / SAVED
     problem = config_problem(path)
@@ -208,13 +225,18 @@ def _held_run(run_dir, problem) -> str:
             f"put the run's saved config back, or choose a new hydra.run.dir")
 
 
+def _load(path):
+    """The YAML file at `path` as an OmegaConf config, opened through the door (a named pipe there is refused)."""
+    return OmegaConf.create(reading.read_text(path))
+
+
 def saved_choices(run_dir):
     """(choices, trouble): the group choices of the run saved in `run_dir` (`.hydra/hydra.yaml`'s
     hydra.runtime.choices), and None; or, when that file is missing or unreadable, the dataset and model that
     its saved config names, and what was wrong with the file, in a few words."""
     path = Path(run_dir) / ".hydra" / "hydra.yaml"
     try:
-        choices = OmegaConf.to_container(OmegaConf.load(path).hydra.runtime.choices)
+        choices = OmegaConf.to_container(_load(path).hydra.runtime.choices)
         if isinstance(choices, dict):
             return choices, None
         trouble = "holds no group choices"
@@ -223,7 +245,7 @@ def saved_choices(run_dir):
     except Exception as error:  # noqa: BLE001  not text, not YAML, not Hydra's settings
         trouble = f"cannot be read ({type(error).__name__})"
     try:
-        saved = OmegaConf.load(Path(run_dir) / SAVED)
+        saved = _load(Path(run_dir) / SAVED)
         choices = {group: value_of(saved, f"{group}.name") for group in ("dataset", "model")}
         return {group: name for group, name in choices.items() if isinstance(name, str)}, trouble
     except Exception:  # noqa: BLE001  unreadable_record has refused such a directory already
@@ -283,8 +305,8 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     path = Path(run_dir) / SAVED
-    saved = OmegaConf.load(path)
-    merged = OmegaConf.load(path)
+    saved = _load(path)
+    merged = _load(path)
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     mode_override = [o for o in parsed if o.key_or_group == "mode" and not o.is_delete()]
     mode = value_of(cfg, "mode") if mode_override else value_of(saved, "mode")

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.data.integrity import locks
+from tf_harness.data.integrity import locks, reading
 from tf_harness.experiments import strategies
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def _holder(path) -> dict:
     """The holder's record in the lock file `path`; it may be a moment from being written, so read a few times."""
     for _ in range(20):
         try:
-            text = path.read_bytes()[:4096].decode(errors="replace").strip()
+            text = reading.read_bytes(path)[:4096].decode(errors="replace").strip()
         except OSError:
             text = ""  # gone or unreadable this instant: the refusal names no holder rather than failing
         if text:

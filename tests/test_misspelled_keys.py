@@ -1,0 +1,40 @@
+"""A misspelled key is one config error line that names the key meant, whether Hydra refuses it (no `+`) or the
+harness's own check does (with `+`)."""
+import pytest
+
+from tests.conftest import compose, run_cli
+
+
+@pytest.mark.parametrize("override, meant", [
+    ("trainer.trian_steps=3", "trainer.train_steps"),
+    ("+trainer.trian_steps=3", "trainer.train_steps"),
+    ("pipeline.imagesize=32", "pipeline.image_size"),
+    ("trian_steps=3", "trainer.train_steps"),
+])
+def test_a_misspelled_key_gets_did_you_mean(override, meant):
+    result = run_cli(override, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error: ") and f"did you mean `{meant}`?" in lines[0], \
+        result.stderr
+    assert "+trainer" not in lines[0].partition(" is not a key")[2]  # no advice to add the misspelled key
+
+
+def test_the_schema_suggests_a_dataset_option_of_the_chosen_dataset():
+    from omegaconf import OmegaConf, open_dict
+
+    from tf_harness.experiments import schema
+
+    cfg = compose("dataset=lfw_pairs")
+    with open_dict(cfg):
+        OmegaConf.update(cfg, "dataset.eval_pair", "pairs", merge=False)
+    assert schema.first_problem(cfg, {}) == ("dataset.eval_pair=pairs is not a key of dataset=lfw_pairs; did you "
+                                             "mean `dataset.eval_pairs`?")
+
+
+def test_a_key_near_none_still_lists_its_groups_keys():
+    from tf_harness.experiments import schema
+
+    line = schema.unknown_override("Could not override 'trainer.zzz'. To append to your config use +trainer.zzz=3 "
+                                   "Key 'zzz' is not in struct")
+    assert line.startswith("trainer.zzz=3 is not a key of trainer; its keys are accumulate_steps|")

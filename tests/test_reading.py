@@ -1,0 +1,183 @@
+"""The one door for reading: a named pipe, socket or device where the project expects one of its files is one
+line naming the path and what it is, at once, never a wait; and the run directory's own files that the issue
+named (checkpoints/checkpoint, metrics.json, .lock) go through it."""
+import logging
+import os
+import socket
+import threading
+
+import pytest
+
+from tf_harness.data.errors import DatasetError
+from tf_harness.data.integrity import locks, pickle_cache, reading
+
+SECONDS = 10  # a refusal is at once; a call that blocks on the pipe runs into this bound instead of hanging the suite
+
+
+def within(call, *args, seconds=SECONDS):
+    """`call(*args)`'s ("value", v) or ("error", e); ("blocked", None) when it has not returned within `seconds`."""
+    found = {}
+
+    def run():
+        try:
+            found["value"] = call(*args)
+        except BaseException as error:  # noqa: BLE001  handed to the test
+            found["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        for path in args:  # a writer lets a blocked open of a named pipe return, so the thread ends
+            if isinstance(path, (str, os.PathLike)) and os.path.exists(path) and reading.kind_of(
+                    os.stat(path).st_mode) == "named pipe":
+                os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+        return "blocked", None
+    return ("error", found["error"]) if "error" in found else ("value", found.get("value"))
+
+
+@pytest.fixture
+def pipe(tmp_path):
+    path = tmp_path / "metrics.json"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("call", [reading.read_bytes, reading.read_text, reading.open_file,
+                                  lambda path: reading.open_descriptor(path, os.O_RDWR | os.O_CREAT)])
+def test_a_named_pipe_is_refused_at_once_naming_its_path_and_kind(pipe, call):
+    outcome, error = within(call, pipe)
+    assert outcome == "error", outcome
+    assert isinstance(error, reading.SpecialFileError)
+    assert str(error) == f"{pipe} is a named pipe, not a regular file"
+
+
+def test_the_refusal_is_an_os_error_and_a_dataset_error(pipe):
+    """Every caller that copes with an unreadable file copes with it; a command line reports it as one line."""
+    with pytest.raises(OSError) as raised:
+        reading.read_bytes(pipe)
+    assert isinstance(raised.value, DatasetError) and raised.value.filename == str(pipe)
+
+
+def test_a_socket_and_a_device_are_named_as_what_they_are(tmp_path):
+    path = tmp_path / "best.json"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        with pytest.raises(reading.SpecialFileError, match=r"best\.json is a socket, not a regular file$"):
+            reading.read_bytes(path)
+    with pytest.raises(reading.SpecialFileError, match=r"^/dev/null is a character device, not a regular file$"):
+        reading.read_bytes("/dev/null")
+
+
+def test_a_pipe_put_there_after_the_stat_is_refused_by_the_second_look(pipe, monkeypatch):
+    """The path is looked at again once opened (without blocking), which closes the gap between stat and open."""
+    monkeypatch.setattr(reading, "check", lambda path: None)
+    outcome, error = within(reading.read_bytes, pipe)
+    assert outcome == "error" and isinstance(error, reading.SpecialFileError), (outcome, error)
+
+
+def test_regular_files_folders_and_missing_files_read_as_open_would(tmp_path):
+    (tmp_path / "a.txt").write_text("é\n")
+    assert reading.read_text(tmp_path / "a.txt") == "é\n"
+    with reading.open_file(tmp_path / "a.txt", "r") as file:
+        assert file.read() == "é\n"
+    with pytest.raises(IsADirectoryError) as folder:
+        reading.read_bytes(tmp_path)
+    assert folder.value.filename == str(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        reading.read_bytes(tmp_path / "none")
+    # A descriptor the door hands out blocks as usual (it was opened without blocking only to look).
+    descriptor = reading.open_descriptor(tmp_path / "a.txt")
+    try:
+        assert os.get_blocking(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def test_the_lock_file_a_named_pipe_is_one_line_not_an_os_error_22(tmp_path):
+    from tf_harness.experiments.run_dir import run_lock
+
+    os.mkfifo(tmp_path / ".lock")
+    outcome, error = within(run_lock.hold, tmp_path)
+    assert outcome == "error" and isinstance(error, reading.SpecialFileError), (outcome, error)
+    assert str(error) == f"{tmp_path / '.lock'} is a named pipe, not a regular file"
+    assert within(locks.held_elsewhere, tmp_path / ".lock")[0] == "error"
+
+
+def test_metrics_json_a_named_pipe_is_taken_as_no_evaluation(pipe, caplog):
+    from tf_harness.experiments.summaries import evaluated_step
+
+    with caplog.at_level(logging.WARNING):
+        assert within(evaluated_step, pipe.parent) == ("value", None)
+    assert f"{pipe} cannot be read" in caplog.text and "named pipe" in caplog.text
+
+
+def test_the_checkpoint_state_file_a_named_pipe_is_logged_and_rewritten_before_tensorflow_reads_it(tmp_path, caplog):
+    import tensorflow as tf
+
+    from tf_harness.experiments.run_dir import checkpoints
+
+    folder = tmp_path / "checkpoints"
+    step = tf.Variable(2, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(step=step, weight=tf.Variable([1.0, 2.0]))
+    checkpoint.write(str(folder / "ckpt-2"))
+    os.mkfifo(folder / checkpoints.STATE)
+    with caplog.at_level(logging.WARNING):
+        assert within(checkpoints.newest_finite, folder) == ("value", str(folder / "ckpt-2"))
+    assert "named pipe" in caplog.text
+    # Training on: the manager's state file is written in its place before TensorFlow's manager reads it.
+    outcome, manager = within(lambda: checkpoints.Manager(checkpoint, folder, 3, step_counter=step,
+                                                          restored=str(folder / "ckpt-2"), train_steps=4))
+    assert outcome == "value", manager
+    assert manager.latest_checkpoint == str(folder / "ckpt-2")
+    assert (folder / checkpoints.STATE).is_file()
+
+
+def test_a_cache_that_is_a_named_pipe_is_made_again(pipe):
+    assert within(pickle_cache.read, pipe, "default") == ("value", "default")
+    pickle_cache.write(pipe, {"made": "again"})
+    assert pickle_cache.read(pipe) == {"made": "again"}
+
+
+def test_the_input_record_and_best_json_named_pipes_read_as_none(tmp_path):
+    from tf_harness.experiments import recipes
+    from tf_harness.experiments.run_dir import input_record
+
+    os.mkfifo(tmp_path / input_record.INPUT_RECORD)
+    assert within(input_record._input_records, tmp_path) == ("value", [])
+    os.mkfifo(tmp_path / "best.json")
+    assert within(recipes._read_json, tmp_path / "best.json") == ("value", None)
+
+
+def test_a_run_log_that_is_a_named_pipe_is_refused_before_hydra_opens_it(tmp_path):
+    from tf_harness.experiments.run_dir import reentry
+
+    os.mkfifo(tmp_path / "run.log")
+    line = reentry.unreadable_record([f"hydra.run.dir={tmp_path}"])
+    assert line == f"{tmp_path / 'run.log'} is a named pipe, not a regular file; the run's log is written there: " \
+                   f"move it away"
+
+
+def test_a_lock_file_that_is_a_named_pipe_is_refused_before_hydra_writes_anything(tmp_path):
+    from tf_harness.experiments.run_dir import reentry
+
+    os.mkfifo(tmp_path / ".lock")
+    assert reentry.unreadable_record([f"hydra.run.dir={tmp_path}"]).startswith(
+        f"{tmp_path / '.lock'} is a named pipe, not a regular file; the run's lock is taken there")
+
+
+def test_metrics_jsonl_a_named_pipe_is_refused_before_the_run_trains(tmp_path):
+    from tf_harness.experiments.run_dir import reentry
+
+    os.mkfifo(tmp_path / "metrics.jsonl")
+    assert reentry.unreadable_record([f"hydra.run.dir={tmp_path}"]).startswith(
+        f"{tmp_path / 'metrics.jsonl'} is a named pipe, not a regular file; each evaluation is appended there")
+
+
+def test_metrics_jsonl_a_named_pipe_is_refused_not_waited_on(tmp_path):
+    from tf_harness.experiments import metrics_history
+
+    os.mkfifo(tmp_path / metrics_history.NAME)
+    outcome, error = within(metrics_history.append, tmp_path, {"global_step": 1})
+    assert outcome == "error" and isinstance(error, reading.SpecialFileError), (outcome, error)
+    assert within(metrics_history.read, tmp_path) == ("value", [])

@@ -71,7 +71,7 @@ def export_run(task, trainer, model_dir, chief=True):
     """mode=export as the run's controller does it: restores the newest restorable checkpoint, then exports it."""
     run_dir = RunDirectory(model_dir)
     run_dir.chief = chief
-    Controller.restore(SimpleNamespace(run_dir=run_dir, settings=SimpleNamespace(mode="export", checkpoint="latest"),
+    Controller.restore(SimpleNamespace(run_dir=run_dir, settings=SimpleNamespace(mode="export", checkpoint="latest", split=None),
                                        trainer=trainer))
     return export.export(task, trainer, run_dir)
 

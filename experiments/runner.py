@@ -54,17 +54,12 @@ def run(settings: Settings, job: Job, actions=()):
     # configures collective ops, and a mirrored CPU is split into devices, only before the runtime starts.
     # The evaluator runs on one device, whatever the run trains with; TF_CONFIG was checked with the config.
     strategy = strategies.one_device() if evaluator else strategies.make_strategy(settings.strategy)
-    if evaluator:
-        log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
     if settings.pipeline.batch_size % strategy.num_replicas_in_sync:
         replicas = strategy.num_replicas_in_sync
         raise ConfigError(f"pipeline.batch_size={settings.pipeline.batch_size} does not divide across {replicas} "
                           f"replicas; use a multiple of {replicas}")
     policy = _POLICIES[settings.pipeline.dtype]  # float32 variables, logits and loss (experiments/trainer.py)
     keras.mixed_precision.set_global_policy(policy)
-    if policy != "float32":
-        log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", settings.pipeline.dtype,
-                 policy)
 
     # Run directory: claim it ------------------------------------------------------------------------------------
     # The trainer takes the run lock and clears a killed run's leftovers; the sidecar its own lock and eval.log.
@@ -77,7 +72,12 @@ def run(settings: Settings, job: Job, actions=()):
     if not evaluator:
         warm_start.check(settings, run_dir.checkpoint_dir)
         xla_cache.report()
+    # Logged once the run directory is claimed: a start refused here writes nothing to a live run's log.
     log.info("Config:\n%s", settings.yaml())
+    log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
+    if policy != "float32":
+        log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", settings.pipeline.dtype,
+                 policy)
     if evaluator:
         log.info("Run directory: %s; mode=%s logs to %s, run.log is the trainer's", model_dir, sidecar.MODE,
                  sidecar.LOG_NAME)

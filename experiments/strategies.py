@@ -6,13 +6,11 @@ is not one of the cluster's workers: it never joins MultiWorkerMirroredStrategy,
 runs mode=continuous_eval on one device (experiments/sidecar.py).
 """
 import json
-import logging
 import os
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.experiments import schema
 
-log = logging.getLogger(__name__)
 EVALUATOR = "evaluator"  # TF_CONFIG's task type of the process that evaluates beside the workers
 
 
@@ -53,7 +51,6 @@ def make_strategy(strategy_cfg):
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
         raise ConfigError(f"strategy={name} is unknown; choose one of {'|'.join(schema.STRATEGY_KEYS)}")
-    log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
     return strategy
 
 

@@ -222,6 +222,34 @@ def test_a_submitit_job_signalled_before_its_time_limit_saves_is_requeued_and_en
     assert all(np.array_equal(requeued[name], uninterrupted[name]) for name in requeued)
 
 
+@pytest.mark.slow
+def test_a_submitit_job_past_its_time_limit_is_requeued_and_ends_as_an_uninterrupted_one(tmp_path):
+    """A real time limit: submitit_local's job, given two minutes, is sent SIGUSR2 30 s before them while it still
+    trains; it saves, is requeued, resumes and ends at trainer.train_steps with an uninterrupted run's weights."""
+    import numpy as np
+    # More steps than one window before the signal trains, fewer than the four windows three requeues give.
+    steps = ("trainer.train_steps=11000", "trainer.eval_every=11000", "trainer.eval_steps=1",
+             "trainer.checkpoint_every=11000", "trainer.log_every=100", "trainer.steps_per_loop=1",
+             "pipeline.batch_size=4", "deterministic=true")
+    sweep_dir = tmp_path / "sweep"
+    swept = subprocess.run([sys.executable, "run.py", "-m", "hydra/launcher=submitit_local",
+                            "hydra.launcher.timeout_min=2", *SMOKE, *steps, f"hydra.sweep.dir={sweep_dir}"],
+                           cwd=PROJECT, capture_output=True, text=True, timeout=1200,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    logs = "".join(path.read_text() for path in (sweep_dir / ".submitit").rglob("*_log.*"))
+    assert "this job is timed-out" in logs and "Requeued job" in logs, logs[-3000:]
+    run_log = (sweep_dir / "0" / "run.log").read_text()
+    assert "Interrupted at global step" in run_log and "Resumed from" in run_log, run_log[-3000:]
+    assert json.loads((sweep_dir / "0" / "metrics.json").read_text())["global_step"] == 11000
+    single = run_cli(*SMOKE, *steps, f"hydra.run.dir={tmp_path / 'single'}")
+    assert single.returncode == 0, single.stderr[-3000:]
+    requeued = variables(sweep_dir / "0" / "checkpoints" / "ckpt-11000")
+    uninterrupted = variables(tmp_path / "single" / "checkpoints" / "ckpt-11000")
+    assert requeued.keys() == uninterrupted.keys() and requeued
+    assert all(np.array_equal(requeued[name], uninterrupted[name]) for name in requeued)
+
+
 # Stored studies end to end -------------------------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -188,12 +188,28 @@ def variables(checkpoint_prefix):
             if name.startswith("model/")}
 
 
+def assert_requeued_and_uninterrupted(sweep_dir, tmp_path, steps, last, *logged):
+    """Job 0 of `sweep_dir`, whose submitit logs hold each of `logged`, was interrupted, resumed, and ended at global
+    step `last` with the variables of a single run of `steps` that nothing interrupted."""
+    import numpy as np
+    logs = "".join(path.read_text() for path in (sweep_dir / ".submitit").rglob("*_log.*"))
+    assert all(line in logs for line in logged), logs[-3000:]
+    run_log = (sweep_dir / "0" / "run.log").read_text()
+    assert "Interrupted at global step" in run_log and "Resumed from" in run_log, run_log[-3000:]
+    assert json.loads((sweep_dir / "0" / "metrics.json").read_text())["global_step"] == last
+    single = run_cli(*SMOKE, *steps, f"hydra.run.dir={tmp_path / 'single'}")
+    assert single.returncode == 0, single.stderr[-3000:]
+    requeued = variables(sweep_dir / "0" / "checkpoints" / f"ckpt-{last}")
+    uninterrupted = variables(tmp_path / "single" / "checkpoints" / f"ckpt-{last}")
+    assert requeued.keys() == uninterrupted.keys() and requeued
+    assert all(np.array_equal(requeued[name], uninterrupted[name]) for name in requeued)
+
+
 @pytest.mark.slow
 def test_a_submitit_job_signalled_before_its_time_limit_saves_is_requeued_and_ends_as_an_uninterrupted_one(
         tmp_path):
     """SIGUSR2, as submitit sends it before a job's time limit, sent to a submitit_local job while it trains (a
     time limit of a minute, the shortest Hydra's launcher takes, is mostly start-up on 2 busy cores)."""
-    import numpy as np
     steps = ("trainer.train_steps=1200", "trainer.eval_every=1200", "trainer.eval_steps=1",
              "trainer.checkpoint_every=1200",
              "trainer.log_every=20", "trainer.steps_per_loop=1", "pipeline.batch_size=4", "deterministic=true")
@@ -209,24 +225,13 @@ def test_a_submitit_job_signalled_before_its_time_limit_saves_is_requeued_and_en
     os.kill(json.loads((sweep_dir / "0" / ".lock").read_text())["pid"], signal.SIGUSR2)
     stderr = process.communicate(timeout=900)[1]
     assert process.returncode == 0, stderr[-3000:]
-    logs = "".join(path.read_text() for path in (sweep_dir / ".submitit").rglob("*_log.*"))
-    assert "Requeued job" in logs, logs[-3000:]
-    run_log = (sweep_dir / "0" / "run.log").read_text()
-    assert "Interrupted at global step" in run_log and "Resumed from" in run_log, run_log[-3000:]
-    assert json.loads((sweep_dir / "0" / "metrics.json").read_text())["global_step"] == 1200
-    single = run_cli(*SMOKE, *steps, f"hydra.run.dir={tmp_path / 'single'}")
-    assert single.returncode == 0, single.stderr[-3000:]
-    requeued = variables(sweep_dir / "0" / "checkpoints" / "ckpt-1200")
-    uninterrupted = variables(tmp_path / "single" / "checkpoints" / "ckpt-1200")
-    assert requeued.keys() == uninterrupted.keys() and requeued
-    assert all(np.array_equal(requeued[name], uninterrupted[name]) for name in requeued)
+    assert_requeued_and_uninterrupted(sweep_dir, tmp_path, steps, 1200, "Requeued job")
 
 
 @pytest.mark.slow
 def test_a_submitit_job_past_its_time_limit_is_requeued_and_ends_as_an_uninterrupted_one(tmp_path):
     """A real time limit: submitit_local's job, given two minutes, is sent SIGUSR2 30 s before them while it still
     trains; it saves, is requeued, resumes and ends at trainer.train_steps with an uninterrupted run's weights."""
-    import numpy as np
     # More steps than one window before the signal trains, fewer than the four windows three requeues give.
     steps = ("trainer.train_steps=11000", "trainer.eval_every=11000", "trainer.eval_steps=1",
              "trainer.checkpoint_every=11000", "trainer.log_every=100", "trainer.steps_per_loop=1",
@@ -237,17 +242,7 @@ def test_a_submitit_job_past_its_time_limit_is_requeued_and_ends_as_an_uninterru
                            cwd=PROJECT, capture_output=True, text=True, timeout=1200,
                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert swept.returncode == 0, swept.stderr[-3000:]
-    logs = "".join(path.read_text() for path in (sweep_dir / ".submitit").rglob("*_log.*"))
-    assert "this job is timed-out" in logs and "Requeued job" in logs, logs[-3000:]
-    run_log = (sweep_dir / "0" / "run.log").read_text()
-    assert "Interrupted at global step" in run_log and "Resumed from" in run_log, run_log[-3000:]
-    assert json.loads((sweep_dir / "0" / "metrics.json").read_text())["global_step"] == 11000
-    single = run_cli(*SMOKE, *steps, f"hydra.run.dir={tmp_path / 'single'}")
-    assert single.returncode == 0, single.stderr[-3000:]
-    requeued = variables(sweep_dir / "0" / "checkpoints" / "ckpt-11000")
-    uninterrupted = variables(tmp_path / "single" / "checkpoints" / "ckpt-11000")
-    assert requeued.keys() == uninterrupted.keys() and requeued
-    assert all(np.array_equal(requeued[name], uninterrupted[name]) for name in requeued)
+    assert_requeued_and_uninterrupted(sweep_dir, tmp_path, steps, 11000, "this job is timed-out", "Requeued job")
 
 
 # Stored studies end to end -------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 
 def assert_names(message, *named):
     """Checks that `message` names each of `named` (a key, a value, a path, an allowed choice); returns it."""
+    assert isinstance(message, str), f"no message: {message!r}"
     missing = [str(name) for name in named if str(name) not in message]
     assert not missing, f"{message!r} does not name {missing}"
     return message

@@ -51,3 +51,11 @@ def raises_naming(error_type, *named):
     with pytest.raises(error_type) as caught:
         yield caught
     assert_names(str(caught.value), *named)
+
+
+def one_naming(lines, *named):
+    """The one line of `lines` (log messages, say) that names each of `named`; fails when none or several do."""
+    lines = list(lines)
+    naming = [line for line in lines if all(str(name) in line for name in named)]
+    assert len(naming) == 1, f"{len(naming)} lines name {[str(name) for name in named]}: {lines}"
+    return naming[0]

@@ -2,7 +2,8 @@
 that line names.
 
 The words around those names are free to change. A test pins a whole sentence only where the sentence itself is
-the contract, as in the docs' tables that tests/test_docs.py compares with what the command prints.
+the contract: the docs' tables that tests/test_damage_matrix.py compares with what runs do, and the lines the docs
+quote, such as run.log's closing line.
 """
 from contextlib import contextmanager
 

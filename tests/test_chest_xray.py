@@ -13,6 +13,7 @@ from tf_harness.data.errors import DatasetError
 from tf_harness.data.images import Decode
 from tf_harness.data.integrity.skipped import SkipLog
 from tests.conftest import compose, tables_of, task_of
+from tests.refusals import one_naming, raises_naming
 
 
 def test_2017_header_with_trailing_comma_and_bracketed_columns(real):
@@ -164,8 +165,8 @@ def test_a_csv_cut_short_skips_each_image_left_without_a_row(real_tree):
     assert skipped.rows[1:] == [(str(real_tree / "images_001" / "images" / name), "no row in Data_Entry_2017.csv")
                                 for name in unnamed]
     assert len(indexed) + len(skipped) == 24
-    with pytest.raises(DatasetError, match=r"^11 of 24 examples were skipped \(10 no row in Data_Entry_2017.csv, "
-                                           r"1 bad metadata\), more than dataset.max_skipped_fraction=0.1"):
+    with raises_naming(DatasetError, "11 of 24 examples", "10 no row in Data_Entry_2017.csv", "1 bad metadata",
+                       "dataset.max_skipped_fraction=0.1"):
         tables_of(compose("dataset=chest_xray", f"dataset.root={real_tree}"))
 
 
@@ -208,9 +209,8 @@ def test_a_list_cut_short_skips_the_images_in_neither_list_never_moves_them(offi
 def test_an_image_in_both_lists_is_an_error(official_tree):
     with open(official_tree / "test_list.txt", "a") as f:
         f.write("00000005_001.png\n")
-    with pytest.raises(DatasetError, match=r"^train_val_list.txt and test_list.txt share 1 image names \(e.g. "
-                                           r"00000005_001.png\), which the release's lists never do; restore both "
-                                           r"from the release, or remove both"):
+    with raises_naming(DatasetError, "train_val_list.txt", "test_list.txt", "share 1 image names",
+                       "00000005_001.png"):
         task_of(compose("dataset=chest_xray")).index(official_tree, SkipLog())
 
 
@@ -228,22 +228,21 @@ def test_one_official_list_alone_takes_its_complement_as_the_other_split_and_say
     assert {reason for _, reason in skipped.rows} == {"missing image file"}
     other = "test" if there == "train_val_list.txt" else "training/validation"
     count = 8 if there == "train_val_list.txt" else 16
-    assert f"{absent} is absent: the {count} of 24 images not in {there} go to the {other} split; restore {absent} " \
-           f"from the release, so that an image lost from a list cut short is caught" in caplog.messages
+    one_naming(caplog.messages, f"{absent} is absent", f"{count} of 24 images", there, f"the {other} split")
 
 
 def test_an_empty_train_val_list_is_an_error_not_an_empty_training_split(official_tree):
     (official_tree / "train_val_list.txt").write_bytes(b"")
-    with pytest.raises(DatasetError, match=r"none of the 24 indexed images is in .*train_val_list.txt \(0 names\), "
-                                           r"so there is nothing to train on; restore it from the release"):
+    with raises_naming(DatasetError, "none of the 24 indexed images", "train_val_list.txt (0 names)",
+                       "nothing to train on"):
         task_of(compose("dataset=chest_xray")).index(official_tree, SkipLog())
 
 
 def test_a_test_list_alone_holding_every_image_is_an_error(official_tree):
     (official_tree / "train_val_list.txt").unlink()
     (official_tree / "test_list.txt").write_text("\n".join(p.name for p in official_tree.rglob("*.png")))
-    with pytest.raises(DatasetError, match=r"all 24 indexed images are in .*test_list.txt, the test list, so there is "
-                                           r"nothing to train on; restore train_val_list.txt from the release"):
+    with raises_naming(DatasetError, "all 24 indexed images", "test_list.txt", "nothing to train on",
+                       "train_val_list.txt"):
         task_of(compose("dataset=chest_xray")).index(official_tree, SkipLog())
 
 
@@ -336,8 +335,7 @@ def test_embedded_sample_has_the_real_layout_and_is_deterministic(tmp_path, real
 
 def test_too_many_skipped_examples_stop_the_run_with_one_clear_line(real_tree):
     """The real tree holds 24 of the CSV's 57 images: 33 skipped, 58% of the examples."""
-    with pytest.raises(DatasetError, match=r"^33 of 57 examples were skipped \(33 missing image file\), more than "
-                                           r"dataset.max_skipped_fraction=0.1; fix the data or raise"):
+    with raises_naming(DatasetError, "33 of 57 examples", "(33 missing image file)", "dataset.max_skipped_fraction=0.1"):
         tables_of(compose("dataset=chest_xray", f"dataset.root={real_tree}"))
     tables = tables_of(compose("dataset=chest_xray", f"dataset.root={real_tree}", "dataset.max_skipped_fraction=0.6"))
     assert sum(len(table) for table in tables.values()) == 24

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT
+from tests.refusals import assert_config_error
 
 # The repository's folders that install as tf_harness.<name>, every file in them included.
 INSTALLED = ("data", "models", "experiments", "conf")
@@ -90,7 +91,7 @@ def test_installed_commands_work_from_a_users_folder(venv, tmp_path, shadowing):
 
     # The same exit statuses as run.py: a bad value is one line and exit 2.
     bad = _run(venv_dir, folder, "tf-harness", "seed=abc", f"hydra.run.dir={tmp_path / 'bad'}")
-    assert (bad.returncode, bad.stderr.strip()) == (2, "config error: seed=abc is not an integer in 0..4294967295")
+    assert_config_error(bad, "seed=abc ", "0..4294967295")
 
     for command in (["tf-harness-tfrecords"], ["python", "-m", "tf_harness.data.tfrecords"]):
         shards = tmp_path / f"shards-{len(command)}"
@@ -101,6 +102,4 @@ def test_installed_commands_work_from_a_users_folder(venv, tmp_path, shadowing):
     # The converter imports TensorFlow (tf_harness.data) before it checks the config, so its start-up lines may
     # come first; its error is still one last line and exit 2.
     bad = _run(venv_dir, folder, "tf-harness-tfrecords", "dataset=nope", f"hydra.run.dir={tmp_path / 'bad2'}")
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
-    last = bad.stderr.strip().splitlines()[-1]
-    assert last.startswith("config error: ") and "dataset/nope" in last, bad.stderr[-3000:]
+    assert_config_error(bad, "dataset/nope", alone=False)

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tf_harness.experiments import metrics_history
 from tests.conftest import run_cli
+from tests.refusals import assert_config_error, assert_names
 from tests.test_training_loop import BATCH, make_trainer, pairs
 
 # A tiny LFW run: 4 steps, evaluations at 2 and 4.
@@ -447,10 +448,8 @@ def test_a_run_keeps_its_best_stops_early_stays_stopped_and_evaluates_its_best(t
     assert resumed.returncode == 0 and "Redoing the evaluation" not in resumed.stdout, resumed.stderr[-3000:]
 
     missing = run_cli(f"hydra.run.dir={run_dir}", "mode=evaluate", "checkpoint=3")
-    assert missing.returncode == 2 and "Traceback" not in missing.stderr
-    assert missing.stderr.strip().splitlines()[-1] == (
-        f"config error: checkpoint=3: {run_dir}/checkpoints holds no checkpoint of global step 3; it holds those of "
-        f"global steps 4")
+    assert_config_error(missing, "checkpoint=3:", f"{run_dir}/checkpoints ", "global step 3;", "global steps 4",
+                        alone=False)
 
 
 # Bad values ------------------------------------------------------------------------------------------------------
@@ -532,8 +531,9 @@ def test_python_run_py_refuses_a_bad_recipe_value_in_one_line_before_tensorflow_
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], cwd=PROJECT, capture_output=True,
                             text=True, timeout=120)
     assert result.stdout.split() == ["2", "False"], result.stderr
-    assert result.stderr.strip() == ("config error: trainer.early_stopping.patience=-1 is not an integer >= 0, or null "
-                                     "(no early stopping)")
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("config error: ")
+    assert_names(line, "trainer.early_stopping.patience=-1 ", ">= 0", "null")
 
 
 # Fine-tuning controls ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import compose, run_cli
+from tests.refusals import assert_config_error, assert_names, raises_naming
 from tf_harness.data import chest_xray, imagenet_det
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.preprocessing import Preprocessing
@@ -66,7 +67,7 @@ def test_weights_for_other_channels_are_a_config_error(tmp_path):
     backbone = keras.applications.ResNet50V2(include_top=False, weights=None, input_shape=(*SIZE, 1), pooling="avg")
     backbone.save_weights(str(tmp_path / "gray.weights.h5"))
     assert resnet_v2.weights_channels(tmp_path / "gray.weights.h5") == 1
-    with pytest.raises(ConfigError, match=r"holds weights for 1-channel images and the dataset's have 3"):
+    with raises_naming(ConfigError, f"model.pretrained={tmp_path / 'gray.weights.h5'} ", "1-channel", "have 3"):
         resnet_v2.build(_config(str(tmp_path / "gray.weights.h5")), imagenet_det.SPEC, SIZE)
 
 
@@ -83,8 +84,7 @@ def test_the_key_is_typed_and_a_missing_file_fails_before_tensorflow_starts(tmp_
         "model.pretrained" not in schema.model_keys("semi_alexnet")
     assert schema.first_problem(compose("dataset=chest_xray", "model.pretrained=imagenet"), {}) is None
     problem = schema.first_problem(compose("dataset=chest_xray", f"model.pretrained={tmp_path}/none.weights.h5"), {})
-    assert problem == f"model.pretrained={tmp_path}/none.weights.h5 is not imagenet or an existing .h5 file, or null " \
-                      f"(from scratch)"
+    assert_names(problem, f"model.pretrained={tmp_path}/none.weights.h5 ", "imagenet", ".h5 file", "null")
 
 
 @pytest.mark.slow  # end-to-end runs
@@ -95,12 +95,9 @@ def test_imagenet_weights_that_cannot_be_downloaded_are_one_line_naming_the_file
     started = time.monotonic()
     result = run_cli("dataset=chest_xray", "model=resnet_v2_50", "model.pretrained=imagenet", "pipeline.image_size=32",
                      "trainer.train_steps=1", f"hydra.run.dir={tmp_path / 'run'}", env=unreachable)
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    line = result.stderr.strip().splitlines()[-1]
     cached = tmp_path / "keras" / "models" / "resnet50v2_weights_tf_dim_ordering_tf_kernels_notop.h5"
-    assert re.fullmatch(rf"config error: model.pretrained=imagenet: Keras could not download https://\S+/{cached.name} "
-                        rf"\(.+\); put that file at {re.escape(str(cached))}", line), line
+    line = assert_config_error(result, "model.pretrained=imagenet:", f"/{cached.name} ", f" {cached}", alone=False)
+    assert re.search(rf"https://\S+/{cached.name} ", line), line
     assert time.monotonic() - started < 120
 
 
@@ -133,19 +130,17 @@ def test_weights_that_do_not_fit_are_one_line_naming_the_file_and_what_is_wrong(
     text = tmp_path / "notes.h5"
     text.write_text("not weights")
     cases = [
-        (other_depth, r"holds another model's weights: \d+ layers do not fit, the first (conv\w+)/kernel is "
-                      r"[\dx]+ in the model and [\dx]+ in the file; name the weights of model=resnet_v2_50"),
-        (cut, rf"is cut short \({cut.stat().st_size} of its {path.stat().st_size} bytes\)"),
-        (text, r"is not a weights file \(not an HDF5 file\)"),
-        (_with_nan(path, tmp_path / "nan.weights.h5"), r"holds non-finite values \(NaN or infinity\), in \S+ first"),
+        (other_depth, ("another model's weights", "/kernel", "model=resnet_v2_50")),
+        (cut, ("cut short", f"{cut.stat().st_size} of its {path.stat().st_size} bytes")),
+        (text, ("not an HDF5 file",)),
+        (_with_nan(path, tmp_path / "nan.weights.h5"), ("NaN",)),
     ]
-    for weights, problem in cases:
+    for weights, named in cases:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with pytest.raises(ConfigError) as raised:
+            with raises_naming(ConfigError, f"model.pretrained={weights} ", *named) as raised:
                 resnet_v2.build(_config(str(weights)), imagenet_det.SPEC, SIZE)
-        line = str(raised.value)
-        assert re.match(rf"model.pretrained={re.escape(str(weights))} {problem}", line) and "\n" not in line, line
+        assert "\n" not in str(raised.value), raised.value
         # Keras warns once per layer it cannot load: none of it reaches the terminal.
         assert not [warning for warning in caught if "keras" in warning.filename], caught[0].message
 
@@ -155,9 +150,9 @@ def test_weights_of_another_depth_are_refused_before_the_run_writes_anything(oth
     result = run_cli("dataset=chest_xray", "model=resnet_v2_50", f"model.pretrained={other_depth}",
                      "pipeline.image_size=32", "pipeline.batch_size=4", "trainer.train_steps=2",
                      f"hydra.run.dir={tmp_path / 'run'}")
-    assert result.returncode == 2, result.stderr[-3000:]
-    *before, last = result.stderr.strip().splitlines()
-    assert last.startswith(f"config error: model.pretrained={other_depth} holds another model's weights: ")
+    assert_config_error(result, f"model.pretrained={other_depth} ", "another model's weights", "model=resnet_v2_50",
+                        alone=False)
+    *before, _ = result.stderr.strip().splitlines()
     assert not [line for line in before if "keras" in line or "Warning" in line], before  # none of Keras's warnings
     assert not (tmp_path / "run").exists()
 
@@ -168,8 +163,5 @@ def test_weights_holding_nan_are_refused_before_training(weights_file, tmp_path)
     result = run_cli("dataset=chest_xray", "model=resnet_v2_50", f"model.pretrained={weights}",
                      "pipeline.image_size=32", "pipeline.batch_size=4", "trainer.train_steps=2",
                      f"hydra.run.dir={tmp_path / 'run'}")
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert re.fullmatch(rf"config error: model.pretrained={re.escape(str(weights))} holds non-finite values \(NaN or "
-                        r"infinity\), in \S+ first: training would fail at its first steps; name weights that "
-                        r"trained without diverging", result.stderr.strip().splitlines()[-1]), result.stderr[-3000:]
+    assert_config_error(result, f"model.pretrained={weights} ", "NaN", alone=False)
     assert not (tmp_path / "run").exists()

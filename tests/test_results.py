@@ -13,6 +13,7 @@ import pytest
 from sklearn.metrics import accuracy_score, roc_auc_score, roc_curve, top_k_accuracy_score
 
 from tests.conftest import compose, run_cli, task_of
+from tests.refusals import assert_config_error, assert_names
 from tf_harness.experiments import compare, intervals, schema
 
 
@@ -127,20 +128,19 @@ def test_lfw_verification_rates_per_fold_follow_their_definitions():
 # The config --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, named", [
-    (("split=test",), "split=test is for mode=evaluate|predict"),
-    (("mode=export", "split=validation"), "split=validation is for mode=evaluate|predict"),
-    (("mode=evaluate", "dataset=imagenet_det", "split=test"), "split=test: dataset=imagenet_det has no test split"),
-    (("mode=evaluate", "split=train"), "split=train is not one of validation|test"),
-    (("evaluation.bootstrap=-1",), "evaluation.bootstrap=-1 is not an integer >= 0"),
+    (("split=test",), ("split=test ", "mode=evaluate|predict")),
+    (("mode=export", "split=validation"), ("split=validation ", "mode=evaluate|predict")),
+    (("mode=evaluate", "dataset=imagenet_det", "split=test"), ("split=test:", "dataset=imagenet_det", "no test split")),
+    (("mode=evaluate", "split=train"), ("split=train ", "validation|test")),
+    (("evaluation.bootstrap=-1",), ("evaluation.bootstrap=-1 ", ">= 0")),
 ])
 def test_a_bad_split_or_bootstrap_is_one_config_line(overrides, named):
-    assert schema.first_problem(compose(*overrides)).startswith(named)
+    assert_names(schema.first_problem(compose(*overrides)), *named)
 
 
 def test_split_test_in_a_training_run_exits_2_before_tensorflow(tmp_path):
     result = run_cli("split=test", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("config error: split=test is for mode=evaluate")
+    assert_config_error(result, "split=test ", "mode=evaluate", alone=False)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT, run_cli
+from tests.refusals import assert_names
 
 SMOKE = ("dataset=lfw_pairs", "experiment=smoke")
 
@@ -41,21 +42,19 @@ def test_a_file_that_is_not_a_database_is_one_line_and_left_as_it_is(tmp_path):
     garbled = tmp_path / "study.db"
     garbled.write_bytes(bytes(range(256)) * 12)
     line = refusal(f"sqlite:///{garbled}")
-    assert line.startswith(f"hydra.sweeper.storage=sqlite:///{garbled} cannot be opened as a study storage "
-                           f"(DatabaseError: file is not a database); ")
-    assert "not an Optuna study database: move it away" in line
+    assert_names(line, f"hydra.sweeper.storage=sqlite:///{garbled} ", "DatabaseError", "Optuna study database")
     assert garbled.read_bytes() == bytes(range(256)) * 12
 
 
 def test_a_refused_connection_hides_the_password_and_says_no_server_answers(tmp_path):
     line = refusal(f"postgresql+psycopg2://alice:s3cret@127.0.0.1:{free_port()}/studies")
-    assert "s3cret" not in line and "alice:***@127.0.0.1" in line
-    assert line.endswith("no database server answers there: start it, or correct the host and port")
+    assert "s3cret" not in line
+    assert_names(line, "hydra.sweeper.storage=postgresql+psycopg2://alice:***@127.0.0.1", "no database server")
 
 
 def test_a_missing_driver_is_named_with_how_to_install_one(tmp_path):
     line = refusal("mysql+mysqldb://u:p@127.0.0.1/studies")
-    assert "its database driver is not installed" in line and ":***@" in line
+    assert_names(line, "hydra.sweeper.storage=mysql+mysqldb://u:***@127.0.0.1", "driver", "tf-harness[postgres]")
 
 
 def test_a_failed_attempt_leaves_no_half_made_sqlite_database(tmp_path, monkeypatch):
@@ -175,7 +174,7 @@ def test_sigusr2_stops_the_run_then_goes_to_the_launchers_handler(monkeypatch):
 
         interrupts._requeue = refuse
         line = interrupts.requeue(stopped.value)
-        assert line.startswith("stopped by SIGUSR2 before the time limit and not requeued (Job not requeued")
+        assert_names(line, "SIGUSR2", "not requeued", "(Job not requeued because: timed-out too many times.)")
     finally:
         interrupts._finished, interrupts._requeue = False, None
         interrupts._pending.clear()

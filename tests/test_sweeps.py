@@ -14,8 +14,20 @@ from omegaconf import OmegaConf
 from tests.conftest import run_cli
 
 SMOKE = ("dataset=lfw_pairs", "experiment=smoke")
-# The summary line: `N jobs ran, F failed; best <metric> <value> in job <n> (<overrides>): <run directory>`.
-SUMMARY = re.compile(r"^(\d+) jobs? ran, (\d+) failed; best (\S+) (\d\.\d{4}) in job (\d+)(?: \((.*)\))?: (.+)$")
+# The summary line: `N jobs ran, F failed; best <metric> <value> <interval> in job <n> (<overrides>): <run directory>`.
+SUMMARY = re.compile(r"^(\d+) jobs? ran, (\d+) failed; best (\S+) (\d\.\d{4}) (?:\[(\d\.\d{4}), (\d\.\d{4})\] "
+                     r"\(95% bootstrap over ([^)]+)\)|\(no interval: [^)]+\)) in job (\d+)(?: \((.*)\))?: (.+)$")
+# What the summary says of a job whose outcome holds no interval: written by hand, or one whose run directory holds no
+# evaluation record of its value, or an evaluation record written without intervals.
+RECORDED_NONE = "(no interval: the job recorded none)"
+NO_RECORD = "(no interval: no evaluation record in its run directory holds this value)"
+COMPUTED_NONE = "(no interval: its evaluation computed none)"
+
+
+def interval_text(outcome):
+    """The summary's interval of a job, from its job_outcome.json."""
+    bounds = outcome["ci95"]
+    return f"[{bounds[0]:.4f}, {bounds[1]:.4f}] ({outcome['interval']})" if bounds else f"({outcome['interval']})"
 
 
 def last_line(stderr):
@@ -36,7 +48,7 @@ def test_a_sweep_with_a_failed_job_finishes_the_others_then_names_it(tmp_path, l
     assert len(summary) == 3
     found = SUMMARY.match(summary[2])
     assert found, summary
-    assert found.groups()[:3] + found.groups()[4:] == ("2", "1", "accuracy", "1", "dataset.root=null",
+    assert found.groups()[:3] + found.groups()[7:] == ("2", "1", "accuracy", "1", "dataset.root=null",
                                                        str(tmp_path / "1"))
 
 
@@ -49,8 +61,9 @@ def test_a_sweep_whose_jobs_all_succeed_exits_0_under_joblib_and_says_nothing_of
     outcomes = [json.loads((tmp_path / job / "job_outcome.json").read_text()) for job in ("0", "1")]
     assert [(o["status"], o["metric"]) for o in outcomes] == [(0, "accuracy"), (0, "accuracy")]
     best = max(outcomes, key=lambda o: o["value"])  # the first of equals
-    assert last_line(result.stderr) == (f"2 jobs ran, 0 failed; best accuracy {best['value']:.4f} in job {best['job']} "
-                                        f"(seed={best['job'] + 1}): {tmp_path / str(best['job'])}")
+    assert last_line(result.stderr) == (f"2 jobs ran, 0 failed; best accuracy {best['value']:.4f} "
+                                        f"{interval_text(best)} in job {best['job']} (seed={best['job'] + 1}): "
+                                        f"{tmp_path / str(best['job'])}")
 
 
 def test_a_failed_joblib_job_is_not_exit_0(tmp_path):
@@ -167,26 +180,31 @@ def test_a_job_that_never_recorded_itself_and_a_re_entry_s_config_error_leave_no
     assert session_end(run_dir) == (api_pb2.STATUS_FAILURE, 1)
 
 
-def outcome(job, status=0, metric="accuracy", value=None, overrides=("dataset=lfw_pairs",), sweep="/s"):
+def outcome(job, status=0, metric="accuracy", value=None, overrides=("dataset=lfw_pairs",), sweep="/s", **interval):
+    """A job_outcome.json's record; `interval`: its ci95 and interval, where it has them."""
     return {"status": status, "error": None if status == 0 else "error: it broke", "job": job,
             "overrides": list(overrides), "run_dir": f"{sweep}/{job}", "metric": metric if value is not None else None,
-            "value": value}
+            "value": value, **interval}
 
 
 def test_the_summary_line_names_the_jobs_run_and_failed_and_the_best_job():
     from tf_harness.experiments.sweep_report import summary_line
-    jobs = [outcome(0, value=0.5, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.001")),
-            outcome(1, value=0.9123, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.01")),
+    jobs = [outcome(0, value=0.5, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.001"), ci95=None,
+                    interval="no interval: evaluation.bootstrap=0"),
+            outcome(1, value=0.9123, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.01"),
+                    ci95=[0.88125, 0.94], interval="95% bootstrap over pairs"),
             outcome(2, status=1, overrides=("dataset=lfw_pairs", "trainer.learning_rate=1e+30"))]
-    assert summary_line(jobs, "/s") == ("3 jobs ran, 1 failed; best accuracy 0.9123 in job 1 "
-                                        "(trainer.learning_rate=0.01): /s/1")
-    assert summary_line(jobs[:1], "/s") == ("1 job ran, 0 failed; best accuracy 0.5000 in job 0 "
+    assert summary_line(jobs, "/s") == ("3 jobs ran, 1 failed; best accuracy 0.9123 [0.8812, 0.9400] (95% bootstrap "
+                                        "over pairs) in job 1 (trainer.learning_rate=0.01): /s/1")
+    assert summary_line(jobs[:1], "/s") == ("1 job ran, 0 failed; best accuracy 0.5000 (no interval: "
+                                            "evaluation.bootstrap=0) in job 0 "
                                             "(dataset=lfw_pairs trainer.learning_rate=0.001): /s/0")
     # A sweep over datasets: the best of each headline metric.
     mixed = [outcome(0, metric="auc/mean", value=0.8, overrides=("dataset=chest_xray",)),
              outcome(1, value=0.7, overrides=("dataset=lfw_pairs",))]
-    assert summary_line(mixed, "/s") == ("2 jobs ran, 0 failed; best auc/mean 0.8000 in job 0 (dataset=chest_xray): "
-                                         "/s/0; best accuracy 0.7000 in job 1 (dataset=lfw_pairs): /s/1")
+    assert summary_line(mixed, "/s") == (f"2 jobs ran, 0 failed; best auc/mean 0.8000 {RECORDED_NONE} in job 0 "
+                                         f"(dataset=chest_xray): /s/0; best accuracy 0.7000 {RECORDED_NONE} in job 1 "
+                                         "(dataset=lfw_pairs): /s/1")
     assert summary_line([outcome(0, status=2)], "/s") == "1 job ran, 1 failed; no job reported a validation metric: /s"
 
 
@@ -204,7 +222,7 @@ def test_every_sweep_ends_with_its_summary_line_after_the_failed_jobs(tmp_path, 
         (tmp_path / str(job["job"]) / OUTCOME).write_text(json.dumps(job))
     SweepCallback().on_multirun_end(config=OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
     lines = capsys.readouterr().err.splitlines()
-    best = f"best accuracy 0.7500 in job 0 (seed=1): {tmp_path / '0'}"
+    best = f"best accuracy 0.7500 {RECORDED_NONE} in job 0 (seed=1): {tmp_path / '0'}"
     if failed:
         assert lines == ["1 of 2 jobs failed:", f"  job 1 (seed=2) in {tmp_path / '1'}: error: it broke",
                          f"2 jobs ran, 1 failed; {best}"]
@@ -260,7 +278,7 @@ def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_le
                      f"  job 9 in {tmp_path / '9'}: error: the job's outcome is unknown: no job_outcome.json: "
                      f"the job could not write it",
                      f"  job 10 in {tmp_path / '10'}: {unknown} is not JSON (it is empty)",
-                     f"9 jobs ran, 7 failed; best accuracy 0.7500 in job 0 (seed=1): {tmp_path / '0'}"]
+                     f"9 jobs ran, 7 failed; best accuracy 0.7500 {NO_RECORD} in job 0 (seed=1): {tmp_path / '0'}"]
     assert cli._status == 1
     assert (tmp_path / "2" / OUTCOME).read_text() == "" and (tmp_path / "3" / OUTCOME).read_text() == stale["3"]
 
@@ -288,7 +306,7 @@ def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_fa
                      f"  job 0 in {tmp_path / '0'}: {unknown} no job_outcome.json: the job could not write it",
                      f"  job 1 in {tmp_path / '1'}: {unknown} the job_outcome.json there is an earlier job's: this job "
                      "could not write its own",
-                     f"3 jobs ran, 2 failed; best accuracy 0.5000 in job 2 (seed=2): {tmp_path / '2'}"]
+                     f"3 jobs ran, 2 failed; best accuracy 0.5000 {NO_RECORD} in job 2 (seed=2): {tmp_path / '2'}"]
     assert cli._status == 1
 
 
@@ -369,7 +387,8 @@ def test_a_job_re_entering_a_finished_run_reports_the_metric_its_last_evaluation
         (tmp_path / str(job) / ".hydra" / "reentry-1").mkdir()
         returns[job] = job_return(None)
         end_job(SweepCallback(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), returns[job])
-    assert report_at_end(capsys) == [f"2 jobs ran, 0 failed; best accuracy 0.8750 in job 1 (seed=2): {tmp_path / '1'}"]
+    assert report_at_end(capsys) == [f"2 jobs ran, 0 failed; best accuracy 0.8750 {COMPUTED_NONE} in job 1 (seed=2): "
+                                     f"{tmp_path / '1'}"]
     assert float(returns[1].return_value) == 0.875  # what a sweeper such as Optuna maximises
     assert json.loads((tmp_path / "1" / OUTCOME).read_text())["metric"] == "accuracy"
 
@@ -482,7 +501,7 @@ def test_a_sweep_that_a_signal_or_an_error_stops_reports_the_jobs_that_ran(tmp_p
     assert command_line.exit_code(sweep) == status
     lines = capsys.readouterr().err.splitlines()
     failed = f"  job 1 (seed=2) in {tmp_path / '1'}: error: it broke"
-    best = f"best accuracy 0.7500 in job 0 (seed=1): {tmp_path / '0'}"
+    best = f"best accuracy 0.7500 {NO_RECORD} in job 0 (seed=1): {tmp_path / '0'}"
     if stop == "config error":
         assert lines[1:] == ["2 of 3 jobs failed:", failed, f"  job 2 (seed=3) in {tmp_path / '2'}: error: the job's "
                              "outcome is unknown: no job_outcome.json: the job could not write it",
@@ -574,7 +593,8 @@ def test_ctrl_c_during_a_sweep_reports_the_jobs_that_ran_and_exits_130(tmp_path)
     assert lines == ["interrupted by SIGINT", "1 of 2 jobs were interrupted:",
                      f"  job 1 (dataset=lfw_pairs experiment=smoke trainer.eval_steps=1 trainer.train_steps=100000) "
                      f"in {tmp_path / '1'}: interrupted by SIGINT",
-                     f"2 jobs ran, 0 failed, 1 interrupted; best accuracy {first['value']:.4f} in job 0 "
+                     f"2 jobs ran, 0 failed, 1 interrupted; best accuracy {first['value']:.4f} "
+                     f"{interval_text(first)} in job 0 "
                      f"(trainer.train_steps=2): {tmp_path / '0'}"], stderr[-3000:]
 
 

@@ -694,3 +694,114 @@ def test_a_sweep_with_other_values_into_a_finished_sweeps_folder_rewrites_none_o
     assert other.stderr.strip().splitlines()[-1].startswith(f"config error: hydra.sweep.dir={tmp_path} holds another "
                                                              "sweep (seed=1,2 there, 3,4 here)")
     assert {path: path.read_bytes() for path in records} == records
+
+
+# The best job's interval -----------------------------------------------------------------------------------------
+
+def _job(run_dir, **settings):
+    from tf_harness.experiments.sweep_report import Job
+    return Job(run_dir=run_dir, multirun=True, num=0, overrides=("seed=1",), mode=settings.pop("mode", "train"),
+               dataset="lfw_pairs", **settings)
+
+
+def _write(path, record):
+    path.write_text(json.dumps(record))
+
+
+DRAWN = {"resamples": 200, "unit": "example", "over": "pairs", "seed": 1}
+
+
+def test_a_jobs_interval_is_the_one_its_evaluation_wrote_beside_the_value_it_reports(tmp_path):
+    from tf_harness.experiments.sweep_report import interval_of
+    job = _job(tmp_path)
+    last = {"accuracy": 0.75, "accuracy/ci95": [0.625, 0.875], "loss": 0.5, "auc": 0.8, "auc/ci95": None,
+            "global_step": 4, "bootstrap": DRAWN}
+    _write(tmp_path / "metrics.json", last)
+    assert interval_of(job, tmp_path, "accuracy", 0.75) == ([0.625, 0.875], "95% bootstrap over pairs")
+    assert interval_of(job, tmp_path, "accuracy", None) == (None, None)  # no value, nothing to say
+    # A value no evaluation record holds, a metric without an interval, one undefined in every resample:
+    assert interval_of(job, tmp_path, "accuracy", 0.5)[1] == "no interval: no evaluation record in its run " \
+                                                             "directory holds this value"
+    assert interval_of(job, tmp_path, "loss", 0.5) == (None, "no interval: loss has none")
+    assert interval_of(job, tmp_path, "auc", 0.8) == (None, "no interval: auc is undefined in every resample")
+    # mode=evaluate split=test: its record is metrics_test.json, and the line says which split.
+    _write(tmp_path / "metrics_test.json", {"accuracy": 0.625, "accuracy/ci95": [0.5, 0.75], "split": "test",
+                                            "bootstrap": DRAWN})
+    assert interval_of(_job(tmp_path, mode="evaluate"), tmp_path, "accuracy", 0.625) == (
+        [0.5, 0.75], "95% bootstrap over pairs of the test split")
+    # evaluation.bootstrap=0, and a record written before evaluations computed intervals:
+    _write(tmp_path / "metrics.json", {**last, "bootstrap": {**DRAWN, "resamples": 0}})
+    assert interval_of(job, tmp_path, "accuracy", 0.75) == (None, "no interval: evaluation.bootstrap=0")
+    _write(tmp_path / "metrics.json", {"accuracy": 0.75, "global_step": 4})
+    assert interval_of(job, tmp_path, "accuracy", 0.75) == (None, "no interval: its evaluation computed none")
+    (tmp_path / "metrics.json").write_text('{"accuracy": 0.75, "glo')  # cut short
+    assert interval_of(job, tmp_path, "accuracy", 0.75)[0] is None
+
+
+def test_with_objective_best_the_interval_is_the_best_evaluations(tmp_path):
+    """trainer.objective=best reports best.json's value: its interval is metrics.jsonl's line of that step, not
+    metrics.json's (the last evaluation)."""
+    from tf_harness.experiments import metrics_history
+    from tf_harness.experiments.sweep_report import interval_of
+    for step, auc, bounds in ((2, 0.9, [0.85, 0.95]), (4, 0.8, [0.7, 0.9])):
+        metrics_history.append(tmp_path, {"auc": auc, "auc/ci95": bounds, "global_step": step, "bootstrap": DRAWN})
+    _write(tmp_path / "metrics.json", {"auc": 0.8, "auc/ci95": [0.7, 0.9], "global_step": 4, "bootstrap": DRAWN})
+    _write(tmp_path / "best.json", {"metric": "auc", "mode": "max", "value": 0.9, "global_step": 2})
+    job = _job(tmp_path, objective="best", best_metric="auc")
+    assert interval_of(job, tmp_path, "auc", 0.9) == ([0.85, 0.95], "95% bootstrap over pairs")
+
+
+def test_a_job_outcome_carries_its_interval_to_the_summary_line(tmp_path, capsys):
+    from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.sweep_report import OUTCOME
+    report_at_end = started_sweep(tmp_path)
+    for job, (accuracy, bounds) in enumerate(((0.75, [0.625, 0.8125]), (0.5, [0.375, 0.625]))):
+        run_dir = tmp_path / str(job)
+        run_dir.mkdir()
+        _write(run_dir / "metrics.json", {"accuracy": accuracy, "accuracy/ci95": bounds, "global_step": 4,
+                                          "bootstrap": DRAWN})
+        end_job(SweepCallback(), job_config(run_dir, job, (f"seed={job + 1}",)), job_return(accuracy))
+    assert json.loads((tmp_path / "0" / OUTCOME).read_text())["ci95"] == [0.625, 0.8125]
+    assert report_at_end(capsys) == [f"2 jobs ran, 0 failed; best accuracy 0.7500 [0.6250, 0.8125] (95% bootstrap "
+                                     f"over pairs) in job 0 (seed=1): {tmp_path / '0'}"]
+    # An outcome whose interval is not two numbers is not a job outcome.
+    report_at_end = started_sweep(tmp_path)
+    outcome_path = tmp_path / "1" / OUTCOME
+    _write(outcome_path, {**json.loads(outcome_path.read_text()), "ci95": ["low", "high"]})
+    assert report_at_end(capsys)[1].endswith("job_outcome.json is not a job outcome (no valid ci95)")
+
+
+@pytest.mark.slow  # a chest sweep of two jobs and a prediction, about 80 s on 2 cores
+def test_the_summary_gives_the_best_jobs_interval_over_patients_as_sklearn_computes_it(tmp_path):
+    import numpy as np
+    import pandas as pd
+    from sklearn.metrics import roc_auc_score
+
+    from tests.test_evaluation_intervals import numpy_resamples
+    result = run_cli("-m", "dataset=chest_xray", "model=semi_alexnet", "experiment=smoke", "trainer.eval_steps=null",
+                     "evaluation.bootstrap=200", "seed=1,2", f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = SUMMARY.match(last_line(result.stderr))
+    assert found, result.stderr[-3000:]
+    metric, value, low, high, over, job = found.group(3, 4, 5, 6, 7, 8)
+    assert (metric, over) == ("auc/mean", "patients")
+    run_dir = tmp_path / job
+    # The best job's predictions on the validation split its evaluation scored, from the same checkpoint.
+    predicted = run_cli(f"hydra.run.dir={run_dir}", "mode=predict", "split=validation")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    predictions = pd.read_csv(run_dir / "predictions.csv")
+    classes = [column.removeprefix("label/") for column in predictions if column.startswith("label/")]
+    labels = predictions[[f"label/{name}" for name in classes]].to_numpy()
+    scores = predictions[classes].to_numpy()
+
+    def mean_auc(rows):
+        aucs = [roc_auc_score(labels[rows, k], scores[rows, k]) if 0 < labels[rows, k].sum() < len(rows) else np.nan
+                for k in range(len(classes))]
+        return np.nanmean(aucs)
+
+    assert float(value) == pytest.approx(mean_auc(np.arange(len(predictions))), abs=5e-5)
+    drawn = [mean_auc(rows) for rows in numpy_resamples(predictions.patient_id, 200, seed=int(job) + 1)]
+    expected = np.percentile(drawn, [2.5, 97.5])
+    assert [float(low), float(high)] == pytest.approx(expected, abs=5e-5)
+    recorded = json.loads((run_dir / "metrics.json").read_text())
+    assert recorded["auc/mean/ci95"] == pytest.approx(expected, abs=1e-6)

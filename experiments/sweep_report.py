@@ -122,11 +122,8 @@ def with_recorded_metric(job: Job, run_dir: Path, outcome) -> dict:
     if outcome["value"] is not None or outcome["status"] or job.mode not in EVALUATING_MODES:
         return outcome
     best = _reports_best(job)  # best.json, experiments/recipes.py: the best evaluation of the run
-    try:
-        values = json.loads(reading.read_text(run_dir / ("best.json" if best else "metrics.json")))
-    except (OSError, ValueError):  # none, or damaged: the job reports no metric
-        return outcome
-    value = (values.get("value") if best else values.get(_headline(job))) if isinstance(values, dict) else None
+    values = _read_record(run_dir / ("best.json" if best else "metrics.json"))  # None, or damaged: no metric
+    value = (values.get("value") if best else values.get(_headline(job))) if values else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return outcome
     return {**outcome, "value": float(value)}
@@ -143,8 +140,8 @@ def interval_of(job: Job, run_dir: Path, metric, value) -> tuple:
     record = next((r for r in _evaluation_records(job, run_dir) if r.get(metric) == value), None)
     if record is None:
         return None, "no interval: no evaluation record in its run directory holds this value"
-    how = record.get("bootstrap")
-    if not isinstance(how, dict) or "resamples" not in how:
+    how = record.get("bootstrap") if isinstance(record.get("bootstrap"), dict) else {}
+    if not _number(how.get("resamples")):
         return None, "no interval: its evaluation computed none"
     if not how["resamples"]:
         return None, "no interval: evaluation.bootstrap=0"
@@ -153,9 +150,10 @@ def interval_of(job: Job, run_dir: Path, metric, value) -> tuple:
         return None, f"no interval: {metric} has none"
     if not (isinstance(bounds, list) and len(bounds) == 2 and all(_number(b) for b in bounds)):
         return None, f"no interval: {metric} is undefined in every resample"
+    over = how.get("over") if isinstance(how.get("over"), str) else "examples"
     split = record.get("split", "validation")
-    return [float(b) for b in bounds], f"95% bootstrap over {how.get('over', 'examples')}" + (
-        "" if split == "validation" else f" of the {split} split")
+    return [float(b) for b in bounds], f"95% bootstrap over {over}" + (
+        "" if split in ("validation", None) else f" of the {split} split")
 
 
 def _number(value) -> bool:

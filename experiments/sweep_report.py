@@ -17,7 +17,7 @@ out unless a job of this sweep writes them again. An outcome that cannot be read
 a folder a job ran in during the sweep (it saved its config there) that holds no outcome of its own (its job could
 not write it), so neither can turn a failed sweep into a success.
 
-A job's outcome also holds its value's 95% bootstrap interval, read where the job ends from the evaluation record
+A job's outcome also holds its value's bootstrap interval, read where the job ends from the evaluation record
 that holds the value (interval_of: evaluation.bootstrap puts `<metric>/ci95` in every evaluation's record), or why
 it has none; the summary line gives the best job's.
 
@@ -51,7 +51,7 @@ OUTCOME = "job_outcome.json"
 # What a job_outcome.json holds: key -> the types its value may have.
 FIELDS = {"status": (int,), "error": (str, type(None)), "job": (int,), "overrides": (list,), "run_dir": (str,),
           "metric": (str, type(None)), "value": (int, float, type(None))}
-# What a job_outcome.json may hold besides: the value's 95% interval and how it was drawn, or why there is none.
+# What a job_outcome.json may hold besides: the value's bootstrap interval and how it was drawn, or why it has none.
 OPTIONAL = {"ci95": (list, type(None)), "interval": (str, type(None))}
 # The records an evaluation writes (experiments/evaluation.py), where a job's reported value is looked up.
 RECORDS = ("metrics.json", "metrics_validation.json", "metrics_test.json")
@@ -130,7 +130,7 @@ def with_recorded_metric(job: Job, run_dir: Path, outcome) -> dict:
 
 
 def interval_of(job: Job, run_dir: Path, metric, value) -> tuple:
-    """(`[low, high]`, how it was drawn: `95% bootstrap over patients`) of the job's reported `value` of `metric`:
+    """(`[low, high]`, how it was drawn: `<level> bootstrap over patients`) of the job's reported `value` of `metric`:
     the interval the evaluation that computed the value wrote beside it (experiments/evaluation.py), or
     (None, `no interval: <why>`) where there is none. The evaluation is the record that holds the value: with
     trainer.objective=best, metrics.jsonl's line of best.json's global step; else metrics.json (or a mode=evaluate's
@@ -204,7 +204,7 @@ def _chief() -> bool:
 
 def summary_line(outcomes, sweep_dir) -> str:
     """`N jobs ran, F failed; best <metric> <value> <interval> in job <n> (<overrides>): <run directory>`, the
-    interval `[low, high] (95% bootstrap over <units>)` or `(no interval: <why>)`, one `best` per headline metric
+    interval `[low, high] (<level> bootstrap over <units>)` or `(no interval: <why>)`, one `best` per headline metric
     (a sweep over datasets has several), among the jobs that succeeded; the overrides are those that tell the jobs
     apart. Without a metric: `...; no job reported a validation metric: <sweep directory>`.
     A sweep stopped by a signal counts the jobs it stopped after the failed ones: `F failed, I interrupted`."""
@@ -231,7 +231,7 @@ def summary_line(outcomes, sweep_dir) -> str:
 
 
 def with_interval(outcome) -> str:
-    """`[low, high] (95% bootstrap over <units>)` of a job's value, or `(no interval: <why>)`."""
+    """`[low, high] (<level> bootstrap over <units>)` of a job's value, or `(no interval: <why>)`."""
     bounds = outcome.get("ci95")
     if bounds:
         return f"[{bounds[0]:.4f}, {bounds[1]:.4f}] ({outcome.get('interval')})"

@@ -113,7 +113,8 @@ class Evaluator:
                   **metrics.scored(self.spec.task, self.spec.class_names, labels, scores)}
         if count == len(table):  # a protocol's metrics (LFW's folds) are defined on the whole split only
             values.update(self.task.protocol_metrics(table, scores))
-        bounds, how = self._intervals(labels, scores, scored.iloc[:len(counted)][counted])
+        # Only the process that writes the record resamples: the intervals go nowhere else.
+        bounds, how = self._intervals(labels, scores, scored.iloc[:len(counted)][counted]) if self.write else ({}, {})
         self.note_unreadable()  # skipped.csv lists the rows this evaluation could not count
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)

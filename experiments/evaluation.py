@@ -40,7 +40,8 @@ class Evaluator:
     trainer's own evaluation, say): metrics.json holds the newest evaluation of the run. `chosen`: the
     `checkpoint=` of mode=evaluate, which never replaces a metrics.json of a later global step either, nor drops
     what the training run added to the one of its own step (`KEPT`). `bootstrap` resamples of `unit` (a table
-    column; None: each example), seeded with `seed`, give a test evaluation's intervals (experiments/intervals.py).
+    column; None: each example), seeded with `seed`, give each metric's interval (experiments/intervals.py), in
+    every evaluation's record: metrics.json, metrics.jsonl and metrics_test.json.
     """
 
     def __init__(self, task, trainer, tables, summaries, model_dir, *, batch_size, eval_steps, seed, input_fn,
@@ -107,16 +108,20 @@ class Evaluator:
         logits, total_loss, counted = self._outputs(self._data, len(scored))
         logits, count = logits[counted], int(counted.sum())
         labels = np.asarray(scored.label.tolist()[:len(counted)])[counted]
+        scores = metrics.probabilities(self.spec.task, logits)
         values = {"loss": total_loss / max(count, 1),
-                  **metrics.evaluate(self.spec.task, self.spec.class_names, labels, logits)}
+                  **metrics.scored(self.spec.task, self.spec.class_names, labels, scores)}
         if count == len(table):  # a protocol's metrics (LFW's folds) are defined on the whole split only
-            values.update(self.task.protocol_metrics(table, metrics.probabilities(self.spec.task, logits)))
+            values.update(self.task.protocol_metrics(table, scores))
+        # Only the process that writes the record resamples: the intervals go nowhere else.
+        bounds, how = self._intervals(labels, scores, scored.iloc[:len(counted)][counted]) if self.write else ({}, {})
         self.note_unreadable()  # skipped.csv lists the rows this evaluation could not count
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)
-            self.summaries.evaluation(self.spec, labels, metrics.probabilities(self.spec.task, logits), step)
+            self.summaries.evaluation(self.spec, labels, scores, step)
             self.summaries.heatmaps(self._heatmaps().overlays, step)  # a few validation images' Grad-CAM
-            record = {**values, "global_step": step, "examples": count, "split_examples": len(table)}
+            record = {**values, **bounds, "global_step": step, "examples": count, "split_examples": len(table),
+                      "bootstrap": how}
             held = evaluated_record(self.model_dir) if self.write and (self.beside or self.chosen) else None
             later = held["global_step"] if held else None
             if self.chosen and later is not None and later > step:  # mode=evaluate of an older checkpoint
@@ -151,14 +156,12 @@ class Evaluator:
                   **metrics.scored(self.spec.task, self.spec.class_names, labels, scores[counted])}
         if count == len(table):
             values.update(self.task.protocol_metrics(table, scores))
-        units = scored[self.unit].to_numpy() if self.unit else np.arange(count)
         began = time.monotonic()
-        values.update(intervals.intervals(self.spec.task, self.spec.class_names, labels, scores[counted], units,
-                                          self.bootstrap, self.seed))
+        bounds, how = self._intervals(labels, scores[counted], scored)
+        values.update(bounds)
         self.note_unreadable()
         record = {**values, "global_step": step, "examples": count, "split_examples": len(table), "split": split,
-                  "checkpoint": self.chosen,
-                  "bootstrap": {"resamples": self.bootstrap, "unit": self.unit or "example", "seed": self.seed}}
+                  "checkpoint": self.chosen, "bootstrap": how}
         if self.write:
             write_metrics(self.model_dir, record, BESIDE[split])
         self.last_values = values
@@ -167,9 +170,19 @@ class Evaluator:
         log.info("Evaluation of the %s split at global step %d on %d examples: loss %.4f, %s %.4f%s; written to %s",
                  split, step, count, values["loss"], headline, values.get(headline, float("nan")),
                  f" (95% interval {interval[0]:.4f}..{interval[1]:.4f}, {self.bootstrap} resamples of "
-                 f"{self.unit or 'example'}s, {time.monotonic() - began:.1f} s)" if interval else "",
+                 f"{how['over']}, {time.monotonic() - began:.1f} s)" if interval else "",
                  self.model_dir / BESIDE[split])
         return values
+
+    def _intervals(self, labels, scores, scored):
+        """Each metric's `<metric>/ci95` over the `scored` rows (their `labels` and `scores`), and the record's
+        `bootstrap` entry saying how they were drawn: resamples, `unit` (the table column, or `example`), what
+        that is in words (`over`: patients, pairs, images) and the seed."""
+        units = scored[self.unit].to_numpy() if self.unit else np.arange(len(scored))
+        bounds = intervals.intervals(self.spec.task, self.spec.class_names, labels, scores, units, self.bootstrap,
+                                     self.seed)
+        over = f"{self.unit.removesuffix('_id')}s" if self.unit else "pairs" if self.spec.paired else "images"
+        return bounds, {"resamples": self.bootstrap, "unit": self.unit or "example", "over": over, "seed": self.seed}
 
     def _sample_note(self) -> str:
         """What trainer.eval_steps made of this evaluation, for its count line."""

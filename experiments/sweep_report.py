@@ -17,6 +17,10 @@ out unless a job of this sweep writes them again. An outcome that cannot be read
 a folder a job ran in during the sweep (it saved its config there) that holds no outcome of its own (its job could
 not write it), so neither can turn a failed sweep into a success.
 
+A job's outcome also holds its value's bootstrap interval, read where the job ends from the evaluation record
+that holds the value (interval_of: evaluation.bootstrap puts `<metric>/ci95` in every evaluation's record), or why
+it has none; the summary line gives the best job's.
+
 A job reports its run's metric even where it did not evaluate in this process (a re-entered run with nothing left
 to train, a sidecar that found every checkpoint evaluated): the one its run's last evaluation wrote to metrics.json.
 A job without a metric hands a sweeper that optimises (hydra.sweeper.direction, such as Optuna's) the worst value
@@ -38,7 +42,7 @@ from hydra.core.utils import JobStatus
 
 from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
-from tf_harness.experiments import hparams
+from tf_harness.experiments import hparams, metrics_history
 from tf_harness.experiments.schema import EVALUATING_MODES
 from tf_harness.experiments.sweep_folder import SweepFolder
 
@@ -47,6 +51,10 @@ OUTCOME = "job_outcome.json"
 # What a job_outcome.json holds: key -> the types its value may have.
 FIELDS = {"status": (int,), "error": (str, type(None)), "job": (int,), "overrides": (list,), "run_dir": (str,),
           "metric": (str, type(None)), "value": (int, float, type(None))}
+# What a job_outcome.json may hold besides: the value's bootstrap interval and how it was drawn, or why it has none.
+OPTIONAL = {"ci95": (list, type(None)), "interval": (str, type(None))}
+# The records an evaluation writes (experiments/evaluation.py), where a job's reported value is looked up.
+RECORDS = ("metrics.json", "metrics_validation.json", "metrics_test.json")
 
 
 @dataclass(frozen=True)
@@ -114,14 +122,64 @@ def with_recorded_metric(job: Job, run_dir: Path, outcome) -> dict:
     if outcome["value"] is not None or outcome["status"] or job.mode not in EVALUATING_MODES:
         return outcome
     best = _reports_best(job)  # best.json, experiments/recipes.py: the best evaluation of the run
-    try:
-        values = json.loads(reading.read_text(run_dir / ("best.json" if best else "metrics.json")))
-    except (OSError, ValueError):  # none, or damaged: the job reports no metric
-        return outcome
-    value = (values.get("value") if best else values.get(_headline(job))) if isinstance(values, dict) else None
+    values = _read_record(run_dir / ("best.json" if best else "metrics.json"))  # None, or damaged: no metric
+    value = (values.get("value") if best else values.get(_headline(job))) if values else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return outcome
     return {**outcome, "value": float(value)}
+
+
+def interval_of(job: Job, run_dir: Path, metric, value) -> tuple:
+    """(`[low, high]`, how it was drawn: `<level> bootstrap over patients`) of the job's reported `value` of `metric`:
+    the interval the evaluation that computed the value wrote beside it (experiments/evaluation.py), or
+    (None, `no interval: <why>`) where there is none. The evaluation is the record that holds the value: with
+    trainer.objective=best, metrics.jsonl's line of best.json's global step; else metrics.json (or a mode=evaluate's
+    record beside it)."""
+    if value is None:
+        return None, None
+    record = next((r for r in _evaluation_records(job, run_dir) if r.get(metric) == value), None)
+    if record is None:
+        return None, "no interval: no evaluation record in its run directory holds this value"
+    how = record.get("bootstrap") if isinstance(record.get("bootstrap"), dict) else {}
+    if not _number(how.get("resamples")):
+        return None, "no interval: its evaluation computed none"
+    if not how["resamples"]:
+        return None, "no interval: evaluation.bootstrap=0"
+    bounds = record.get(f"{metric}/ci95", ...)
+    if bounds is ...:
+        return None, f"no interval: {metric} has none"
+    if not (isinstance(bounds, list) and len(bounds) == 2 and all(_number(b) for b in bounds)):
+        return None, f"no interval: {metric} is undefined in every resample"
+    over = how.get("over") if isinstance(how.get("over"), str) else "examples"
+    split = record.get("split", "validation")
+    return [float(b) for b in bounds], f"95% bootstrap over {over}" + (
+        "" if split in ("validation", None) else f" of the {split} split")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _evaluation_records(job: Job, run_dir: Path):
+    """The evaluation records of the run in `run_dir` that may hold the value its job reported (interval_of)."""
+    if _reports_best(job):
+        best = _read_record(run_dir / "best.json")
+        step = best.get("global_step") if best else None
+        yield from reversed([r for r in metrics_history.read(run_dir) if r.get("global_step") == step])
+        return
+    for name in RECORDS:
+        record = _read_record(run_dir / name)
+        if record:
+            yield record
+
+
+def _read_record(path: Path):
+    """The JSON object in `path`; None where it is missing, unreadable or no object."""
+    try:
+        record = json.loads(reading.read_text(path))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def for_the_sweeper(job: Job, outcome) -> tuple:
@@ -145,9 +203,10 @@ def _chief() -> bool:
 
 
 def summary_line(outcomes, sweep_dir) -> str:
-    """`N jobs ran, F failed; best <metric> <value> in job <n> (<overrides>): <run directory>`, one `best` per
-    headline metric (a sweep over datasets has several), among the jobs that succeeded; the overrides are those
-    that tell the jobs apart. Without a metric: `...; no job reported a validation metric: <sweep directory>`.
+    """`N jobs ran, F failed; best <metric> <value> <interval> in job <n> (<overrides>): <run directory>`, the
+    interval `[low, high] (<level> bootstrap over <units>)` or `(no interval: <why>)`, one `best` per headline metric
+    (a sweep over datasets has several), among the jobs that succeeded; the overrides are those that tell the jobs
+    apart. Without a metric: `...; no job reported a validation metric: <sweep directory>`.
     A sweep stopped by a signal counts the jobs it stopped after the failed ones: `F failed, I interrupted`."""
     failed = sum(1 for o in outcomes if o["status"] and not o.get("interrupted"))
     stopped = sum(1 for o in outcomes if o.get("interrupted"))
@@ -167,8 +226,16 @@ def summary_line(outcomes, sweep_dir) -> str:
         overrides = [item for item in o["overrides"] if item not in shared]
         return f" ({' '.join(overrides)})" if overrides else ""
 
-    return f"{head}; " + "; ".join(f"best {metric} {o['value']:.4f} in job {o['job']}{told_apart(o)}: {o['run_dir']}"
-                                   for metric, o in best.items())
+    return f"{head}; " + "; ".join(f"best {metric} {o['value']:.4f} {with_interval(o)} in job {o['job']}"
+                                   f"{told_apart(o)}: {o['run_dir']}" for metric, o in best.items())
+
+
+def with_interval(outcome) -> str:
+    """`[low, high] (<level> bootstrap over <units>)` of a job's value, or `(no interval: <why>)`."""
+    bounds = outcome.get("ci95")
+    if bounds:
+        return f"[{bounds[0]:.4f}, {bounds[1]:.4f}] ({outcome.get('interval')})"
+    return f"({outcome.get('interval') or 'no interval: the job recorded none'})"
 
 
 def report_lines(outcomes, sweep_dir) -> list:
@@ -218,9 +285,11 @@ class SweepReport:
         if not job.multirun:
             return None
         outcome = with_recorded_metric(job, run_dir, outcome)
+        metric = headline_of(job, outcome["value"])
+        ci95, interval = interval_of(job, run_dir, metric, outcome["value"])
         record = {"status": outcome["status"], "error": outcome["error"], "job": int(job.num),
-                  "overrides": list(job.overrides), "run_dir": str(run_dir),
-                  "metric": headline_of(job, outcome["value"]), "value": outcome["value"]}
+                  "overrides": list(job.overrides), "run_dir": str(run_dir), "metric": metric,
+                  "value": outcome["value"], "ci95": ci95, "interval": interval}
         try:
             write_outcome(run_dir / OUTCOME, record)
         except OSError as error:  # the sweep's report counts a job folder without an outcome as failed
@@ -325,8 +394,13 @@ def read_outcome(path: Path) -> dict:
         return unknown_outcome(path.parent, f"{path.name} is not JSON{empty}")
     wrong = [key for key, kinds in FIELDS.items()
              if not isinstance(record, dict) or not isinstance(record.get(key, ...), kinds)]
+    wrong += [key for key, kinds in OPTIONAL.items()
+              if isinstance(record, dict) and key in record and not isinstance(record[key], kinds)]
     if not wrong and not all(isinstance(item, str) for item in record["overrides"]):
         wrong = ["overrides"]
+    if not wrong and record.get("ci95") is not None and not (
+            len(record["ci95"]) == 2 and all(_number(b) for b in record["ci95"])):
+        wrong = ["ci95"]
     if wrong:
         return unknown_outcome(path.parent, f"{path.name} is not a job outcome (no valid {', '.join(wrong)})")
     return record

@@ -386,7 +386,8 @@ def test_the_docs_table_is_what_was_observed(observed):
 # the same ways, and the same sweep run again into it. It reports each job truthfully or exits with one line.
 SWEEP = ("-m", *TINY, "trainer.train_steps=2", "seed=1,2")
 SWEEP_OWN = re.compile(r"^(multirun\.yaml|\d+/(job_outcome|metrics)\.json|\d+/)$")
-SUMMARY = re.compile(r"^(\d+) jobs? ran, (\d+) failed; best (\S+) (\d\.\d{4}) in job (\d+)(?: \((.*)\))?: (.+)$")
+SUMMARY = re.compile(r"^(\d+) jobs? ran, (\d+) failed; best (\S+) (\d\.\d{4}) (?:\[\d\.\d{4}, \d\.\d{4}\] \(95% bootstrap "
+                     r"over [^)]+\)|\(no interval: [^)]+\)) in job (\d+)(?: \((.*)\))?: (.+)$")
 JOB_CHECKPOINT_FILE = re.compile(r"^\d+/checkpoints/ckpt-\d+\.(index|data-\d+-of-\d+)$")
 
 

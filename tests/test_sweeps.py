@@ -14,8 +14,20 @@ from omegaconf import OmegaConf
 from tests.conftest import run_cli
 
 SMOKE = ("dataset=lfw_pairs", "experiment=smoke")
-# The summary line: `N jobs ran, F failed; best <metric> <value> in job <n> (<overrides>): <run directory>`.
-SUMMARY = re.compile(r"^(\d+) jobs? ran, (\d+) failed; best (\S+) (\d\.\d{4}) in job (\d+)(?: \((.*)\))?: (.+)$")
+# The summary line: `N jobs ran, F failed; best <metric> <value> <interval> in job <n> (<overrides>): <run directory>`.
+SUMMARY = re.compile(r"^(\d+) jobs? ran, (\d+) failed; best (\S+) (\d\.\d{4}) (?:\[(\d\.\d{4}), (\d\.\d{4})\] "
+                     r"\(95% bootstrap over ([^)]+)\)|\(no interval: [^)]+\)) in job (\d+)(?: \((.*)\))?: (.+)$")
+# What the summary says of a job whose outcome holds no interval: written by hand, or one whose run directory holds no
+# evaluation record of its value, or an evaluation record written without intervals.
+RECORDED_NONE = "(no interval: the job recorded none)"
+NO_RECORD = "(no interval: no evaluation record in its run directory holds this value)"
+COMPUTED_NONE = "(no interval: its evaluation computed none)"
+
+
+def interval_text(outcome):
+    """The summary's interval of a job, from its job_outcome.json."""
+    bounds = outcome["ci95"]
+    return f"[{bounds[0]:.4f}, {bounds[1]:.4f}] ({outcome['interval']})" if bounds else f"({outcome['interval']})"
 
 
 def last_line(stderr):
@@ -36,7 +48,7 @@ def test_a_sweep_with_a_failed_job_finishes_the_others_then_names_it(tmp_path, l
     assert len(summary) == 3
     found = SUMMARY.match(summary[2])
     assert found, summary
-    assert found.groups()[:3] + found.groups()[4:] == ("2", "1", "accuracy", "1", "dataset.root=null",
+    assert found.groups()[:3] + found.groups()[7:] == ("2", "1", "accuracy", "1", "dataset.root=null",
                                                        str(tmp_path / "1"))
 
 
@@ -49,8 +61,9 @@ def test_a_sweep_whose_jobs_all_succeed_exits_0_under_joblib_and_says_nothing_of
     outcomes = [json.loads((tmp_path / job / "job_outcome.json").read_text()) for job in ("0", "1")]
     assert [(o["status"], o["metric"]) for o in outcomes] == [(0, "accuracy"), (0, "accuracy")]
     best = max(outcomes, key=lambda o: o["value"])  # the first of equals
-    assert last_line(result.stderr) == (f"2 jobs ran, 0 failed; best accuracy {best['value']:.4f} in job {best['job']} "
-                                        f"(seed={best['job'] + 1}): {tmp_path / str(best['job'])}")
+    assert last_line(result.stderr) == (f"2 jobs ran, 0 failed; best accuracy {best['value']:.4f} "
+                                        f"{interval_text(best)} in job {best['job']} (seed={best['job'] + 1}): "
+                                        f"{tmp_path / str(best['job'])}")
 
 
 def test_a_failed_joblib_job_is_not_exit_0(tmp_path):
@@ -167,26 +180,31 @@ def test_a_job_that_never_recorded_itself_and_a_re_entry_s_config_error_leave_no
     assert session_end(run_dir) == (api_pb2.STATUS_FAILURE, 1)
 
 
-def outcome(job, status=0, metric="accuracy", value=None, overrides=("dataset=lfw_pairs",), sweep="/s"):
+def outcome(job, status=0, metric="accuracy", value=None, overrides=("dataset=lfw_pairs",), sweep="/s", **interval):
+    """A job_outcome.json's record; `interval`: its ci95 and interval, where it has them."""
     return {"status": status, "error": None if status == 0 else "error: it broke", "job": job,
             "overrides": list(overrides), "run_dir": f"{sweep}/{job}", "metric": metric if value is not None else None,
-            "value": value}
+            "value": value, **interval}
 
 
 def test_the_summary_line_names_the_jobs_run_and_failed_and_the_best_job():
     from tf_harness.experiments.sweep_report import summary_line
-    jobs = [outcome(0, value=0.5, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.001")),
-            outcome(1, value=0.9123, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.01")),
+    jobs = [outcome(0, value=0.5, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.001"), ci95=None,
+                    interval="no interval: evaluation.bootstrap=0"),
+            outcome(1, value=0.9123, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.01"),
+                    ci95=[0.88125, 0.94], interval="95% bootstrap over pairs"),
             outcome(2, status=1, overrides=("dataset=lfw_pairs", "trainer.learning_rate=1e+30"))]
-    assert summary_line(jobs, "/s") == ("3 jobs ran, 1 failed; best accuracy 0.9123 in job 1 "
-                                        "(trainer.learning_rate=0.01): /s/1")
-    assert summary_line(jobs[:1], "/s") == ("1 job ran, 0 failed; best accuracy 0.5000 in job 0 "
+    assert summary_line(jobs, "/s") == ("3 jobs ran, 1 failed; best accuracy 0.9123 [0.8812, 0.9400] (95% bootstrap "
+                                        "over pairs) in job 1 (trainer.learning_rate=0.01): /s/1")
+    assert summary_line(jobs[:1], "/s") == ("1 job ran, 0 failed; best accuracy 0.5000 (no interval: "
+                                            "evaluation.bootstrap=0) in job 0 "
                                             "(dataset=lfw_pairs trainer.learning_rate=0.001): /s/0")
     # A sweep over datasets: the best of each headline metric.
     mixed = [outcome(0, metric="auc/mean", value=0.8, overrides=("dataset=chest_xray",)),
              outcome(1, value=0.7, overrides=("dataset=lfw_pairs",))]
-    assert summary_line(mixed, "/s") == ("2 jobs ran, 0 failed; best auc/mean 0.8000 in job 0 (dataset=chest_xray): "
-                                         "/s/0; best accuracy 0.7000 in job 1 (dataset=lfw_pairs): /s/1")
+    assert summary_line(mixed, "/s") == (f"2 jobs ran, 0 failed; best auc/mean 0.8000 {RECORDED_NONE} in job 0 "
+                                         f"(dataset=chest_xray): /s/0; best accuracy 0.7000 {RECORDED_NONE} in job 1 "
+                                         "(dataset=lfw_pairs): /s/1")
     assert summary_line([outcome(0, status=2)], "/s") == "1 job ran, 1 failed; no job reported a validation metric: /s"
 
 
@@ -204,7 +222,7 @@ def test_every_sweep_ends_with_its_summary_line_after_the_failed_jobs(tmp_path, 
         (tmp_path / str(job["job"]) / OUTCOME).write_text(json.dumps(job))
     SweepCallback().on_multirun_end(config=OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
     lines = capsys.readouterr().err.splitlines()
-    best = f"best accuracy 0.7500 in job 0 (seed=1): {tmp_path / '0'}"
+    best = f"best accuracy 0.7500 {RECORDED_NONE} in job 0 (seed=1): {tmp_path / '0'}"
     if failed:
         assert lines == ["1 of 2 jobs failed:", f"  job 1 (seed=2) in {tmp_path / '1'}: error: it broke",
                          f"2 jobs ran, 1 failed; {best}"]
@@ -260,7 +278,7 @@ def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_le
                      f"  job 9 in {tmp_path / '9'}: error: the job's outcome is unknown: no job_outcome.json: "
                      f"the job could not write it",
                      f"  job 10 in {tmp_path / '10'}: {unknown} is not JSON (it is empty)",
-                     f"9 jobs ran, 7 failed; best accuracy 0.7500 in job 0 (seed=1): {tmp_path / '0'}"]
+                     f"9 jobs ran, 7 failed; best accuracy 0.7500 {NO_RECORD} in job 0 (seed=1): {tmp_path / '0'}"]
     assert cli._status == 1
     assert (tmp_path / "2" / OUTCOME).read_text() == "" and (tmp_path / "3" / OUTCOME).read_text() == stale["3"]
 
@@ -288,7 +306,7 @@ def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_fa
                      f"  job 0 in {tmp_path / '0'}: {unknown} no job_outcome.json: the job could not write it",
                      f"  job 1 in {tmp_path / '1'}: {unknown} the job_outcome.json there is an earlier job's: this job "
                      "could not write its own",
-                     f"3 jobs ran, 2 failed; best accuracy 0.5000 in job 2 (seed=2): {tmp_path / '2'}"]
+                     f"3 jobs ran, 2 failed; best accuracy 0.5000 {NO_RECORD} in job 2 (seed=2): {tmp_path / '2'}"]
     assert cli._status == 1
 
 
@@ -369,7 +387,8 @@ def test_a_job_re_entering_a_finished_run_reports_the_metric_its_last_evaluation
         (tmp_path / str(job) / ".hydra" / "reentry-1").mkdir()
         returns[job] = job_return(None)
         end_job(SweepCallback(), job_config(tmp_path / str(job), job, (f"seed={job + 1}",)), returns[job])
-    assert report_at_end(capsys) == [f"2 jobs ran, 0 failed; best accuracy 0.8750 in job 1 (seed=2): {tmp_path / '1'}"]
+    assert report_at_end(capsys) == [f"2 jobs ran, 0 failed; best accuracy 0.8750 {COMPUTED_NONE} in job 1 (seed=2): "
+                                     f"{tmp_path / '1'}"]
     assert float(returns[1].return_value) == 0.875  # what a sweeper such as Optuna maximises
     assert json.loads((tmp_path / "1" / OUTCOME).read_text())["metric"] == "accuracy"
 
@@ -482,7 +501,7 @@ def test_a_sweep_that_a_signal_or_an_error_stops_reports_the_jobs_that_ran(tmp_p
     assert command_line.exit_code(sweep) == status
     lines = capsys.readouterr().err.splitlines()
     failed = f"  job 1 (seed=2) in {tmp_path / '1'}: error: it broke"
-    best = f"best accuracy 0.7500 in job 0 (seed=1): {tmp_path / '0'}"
+    best = f"best accuracy 0.7500 {NO_RECORD} in job 0 (seed=1): {tmp_path / '0'}"
     if stop == "config error":
         assert lines[1:] == ["2 of 3 jobs failed:", failed, f"  job 2 (seed=3) in {tmp_path / '2'}: error: the job's "
                              "outcome is unknown: no job_outcome.json: the job could not write it",
@@ -574,7 +593,8 @@ def test_ctrl_c_during_a_sweep_reports_the_jobs_that_ran_and_exits_130(tmp_path)
     assert lines == ["interrupted by SIGINT", "1 of 2 jobs were interrupted:",
                      f"  job 1 (dataset=lfw_pairs experiment=smoke trainer.eval_steps=1 trainer.train_steps=100000) "
                      f"in {tmp_path / '1'}: interrupted by SIGINT",
-                     f"2 jobs ran, 0 failed, 1 interrupted; best accuracy {first['value']:.4f} in job 0 "
+                     f"2 jobs ran, 0 failed, 1 interrupted; best accuracy {first['value']:.4f} "
+                     f"{interval_text(first)} in job 0 "
                      f"(trainer.train_steps=2): {tmp_path / '0'}"], stderr[-3000:]
 
 
@@ -674,3 +694,114 @@ def test_a_sweep_with_other_values_into_a_finished_sweeps_folder_rewrites_none_o
     assert other.stderr.strip().splitlines()[-1].startswith(f"config error: hydra.sweep.dir={tmp_path} holds another "
                                                              "sweep (seed=1,2 there, 3,4 here)")
     assert {path: path.read_bytes() for path in records} == records
+
+
+# The best job's interval -----------------------------------------------------------------------------------------
+
+def _job(run_dir, **settings):
+    from tf_harness.experiments.sweep_report import Job
+    return Job(run_dir=run_dir, multirun=True, num=0, overrides=("seed=1",), mode=settings.pop("mode", "train"),
+               dataset="lfw_pairs", **settings)
+
+
+def _write(path, record):
+    path.write_text(json.dumps(record))
+
+
+DRAWN = {"resamples": 200, "unit": "example", "over": "pairs", "seed": 1}
+
+
+def test_a_jobs_interval_is_the_one_its_evaluation_wrote_beside_the_value_it_reports(tmp_path):
+    from tf_harness.experiments.sweep_report import interval_of
+    job = _job(tmp_path)
+    last = {"accuracy": 0.75, "accuracy/ci95": [0.625, 0.875], "loss": 0.5, "auc": 0.8, "auc/ci95": None,
+            "global_step": 4, "bootstrap": DRAWN}
+    _write(tmp_path / "metrics.json", last)
+    assert interval_of(job, tmp_path, "accuracy", 0.75) == ([0.625, 0.875], "95% bootstrap over pairs")
+    assert interval_of(job, tmp_path, "accuracy", None) == (None, None)  # no value, nothing to say
+    # A value no evaluation record holds, a metric without an interval, one undefined in every resample:
+    assert interval_of(job, tmp_path, "accuracy", 0.5)[1] == "no interval: no evaluation record in its run " \
+                                                             "directory holds this value"
+    assert interval_of(job, tmp_path, "loss", 0.5) == (None, "no interval: loss has none")
+    assert interval_of(job, tmp_path, "auc", 0.8) == (None, "no interval: auc is undefined in every resample")
+    # mode=evaluate split=test: its record is metrics_test.json, and the line says which split.
+    _write(tmp_path / "metrics_test.json", {"accuracy": 0.625, "accuracy/ci95": [0.5, 0.75], "split": "test",
+                                            "bootstrap": DRAWN})
+    assert interval_of(_job(tmp_path, mode="evaluate"), tmp_path, "accuracy", 0.625) == (
+        [0.5, 0.75], "95% bootstrap over pairs of the test split")
+    # evaluation.bootstrap=0, and a record written before evaluations computed intervals:
+    _write(tmp_path / "metrics.json", {**last, "bootstrap": {**DRAWN, "resamples": 0}})
+    assert interval_of(job, tmp_path, "accuracy", 0.75) == (None, "no interval: evaluation.bootstrap=0")
+    _write(tmp_path / "metrics.json", {"accuracy": 0.75, "global_step": 4})
+    assert interval_of(job, tmp_path, "accuracy", 0.75) == (None, "no interval: its evaluation computed none")
+    (tmp_path / "metrics.json").write_text('{"accuracy": 0.75, "glo')  # cut short
+    assert interval_of(job, tmp_path, "accuracy", 0.75)[0] is None
+
+
+def test_with_objective_best_the_interval_is_the_best_evaluations(tmp_path):
+    """trainer.objective=best reports best.json's value: its interval is metrics.jsonl's line of that step, not
+    metrics.json's (the last evaluation)."""
+    from tf_harness.experiments import metrics_history
+    from tf_harness.experiments.sweep_report import interval_of
+    for step, auc, bounds in ((2, 0.9, [0.85, 0.95]), (4, 0.8, [0.7, 0.9])):
+        metrics_history.append(tmp_path, {"auc": auc, "auc/ci95": bounds, "global_step": step, "bootstrap": DRAWN})
+    _write(tmp_path / "metrics.json", {"auc": 0.8, "auc/ci95": [0.7, 0.9], "global_step": 4, "bootstrap": DRAWN})
+    _write(tmp_path / "best.json", {"metric": "auc", "mode": "max", "value": 0.9, "global_step": 2})
+    job = _job(tmp_path, objective="best", best_metric="auc")
+    assert interval_of(job, tmp_path, "auc", 0.9) == ([0.85, 0.95], "95% bootstrap over pairs")
+
+
+def test_a_job_outcome_carries_its_interval_to_the_summary_line(tmp_path, capsys):
+    from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.sweep_report import OUTCOME
+    report_at_end = started_sweep(tmp_path)
+    for job, (accuracy, bounds) in enumerate(((0.75, [0.625, 0.8125]), (0.5, [0.375, 0.625]))):
+        run_dir = tmp_path / str(job)
+        run_dir.mkdir()
+        _write(run_dir / "metrics.json", {"accuracy": accuracy, "accuracy/ci95": bounds, "global_step": 4,
+                                          "bootstrap": DRAWN})
+        end_job(SweepCallback(), job_config(run_dir, job, (f"seed={job + 1}",)), job_return(accuracy))
+    assert json.loads((tmp_path / "0" / OUTCOME).read_text())["ci95"] == [0.625, 0.8125]
+    assert report_at_end(capsys) == [f"2 jobs ran, 0 failed; best accuracy 0.7500 [0.6250, 0.8125] (95% bootstrap "
+                                     f"over pairs) in job 0 (seed=1): {tmp_path / '0'}"]
+    # An outcome whose interval is not two numbers is not a job outcome.
+    report_at_end = started_sweep(tmp_path)
+    outcome_path = tmp_path / "1" / OUTCOME
+    _write(outcome_path, {**json.loads(outcome_path.read_text()), "ci95": ["low", "high"]})
+    assert report_at_end(capsys)[1].endswith("job_outcome.json is not a job outcome (no valid ci95)")
+
+
+@pytest.mark.slow  # a chest sweep of two jobs and a prediction, about 80 s on 2 cores
+def test_the_summary_gives_the_best_jobs_interval_over_patients_as_sklearn_computes_it(tmp_path):
+    import numpy as np
+    import pandas as pd
+    from sklearn.metrics import roc_auc_score
+
+    from tests.test_evaluation_intervals import numpy_resamples
+    result = run_cli("-m", "dataset=chest_xray", "model=semi_alexnet", "experiment=smoke", "trainer.eval_steps=null",
+                     "evaluation.bootstrap=200", "seed=1,2", f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = SUMMARY.match(last_line(result.stderr))
+    assert found, result.stderr[-3000:]
+    metric, value, low, high, over, job = found.group(3, 4, 5, 6, 7, 8)
+    assert (metric, over) == ("auc/mean", "patients")
+    run_dir = tmp_path / job
+    # The best job's predictions on the validation split its evaluation scored, from the same checkpoint.
+    predicted = run_cli(f"hydra.run.dir={run_dir}", "mode=predict", "split=validation")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    predictions = pd.read_csv(run_dir / "predictions.csv")
+    classes = [column.removeprefix("label/") for column in predictions if column.startswith("label/")]
+    labels = predictions[[f"label/{name}" for name in classes]].to_numpy()
+    scores = predictions[classes].to_numpy()
+
+    def mean_auc(rows):
+        aucs = [roc_auc_score(labels[rows, k], scores[rows, k]) if 0 < labels[rows, k].sum() < len(rows) else np.nan
+                for k in range(len(classes))]
+        return np.nanmean(aucs)
+
+    assert float(value) == pytest.approx(mean_auc(np.arange(len(predictions))), abs=5e-5)
+    drawn = [mean_auc(rows) for rows in numpy_resamples(predictions.patient_id, 200, seed=int(job) + 1)]
+    expected = np.percentile(drawn, [2.5, 97.5])
+    assert [float(low), float(high)] == pytest.approx(expected, abs=5e-5)
+    recorded = json.loads((run_dir / "metrics.json").read_text())
+    assert recorded["auc/mean/ci95"] == pytest.approx(expected, abs=1e-6)

@@ -81,7 +81,7 @@ def pipeline_alone(data, batches=20):
 
 
 def make_trainer(cfg, info):
-    """The model's Trainer, as experiments/runner.py builds it."""
+    """The model's Trainer, as experiments/sections.py `build` builds it."""
     from tf_harness.experiments import strategies
     from tf_harness.experiments.trainer import Trainer
 

@@ -178,7 +178,8 @@ def job(task, cfg, actions=()) -> Outcome:
 
 
 def train_and_evaluate(settings, job, actions=()):
-    """A run's task: experiments/runner.py's `run` (TensorFlow starts here, once `guarded` has passed the config)."""
+    """A run's task: experiments/runner.py's `run`, which runs the role's main (TensorFlow starts here, once
+    `guarded` has passed the config)."""
     from tf_harness.experiments import runner
 
     return runner.run(settings, job, actions)

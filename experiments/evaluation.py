@@ -1,10 +1,11 @@
 """Evaluation and prediction passes over a split: its logits in table order, an evaluation's metrics and
 summaries (metrics.json, and every evaluation in metrics.jsonl: experiments/metrics_history.py), and predictions.csv.
 
-The runner's controller (experiments/runner.py) evaluates on its interval, for mode=evaluate and for the sidecar
-evaluator, and predicts for mode=predict, through one `Evaluator`. metrics.json is the training run's last
-evaluation, which a resumed run reads: an evaluation of the test split, or mode=evaluate of a checkpoint older than
-the one metrics.json holds, is written beside it (`BESIDE`) and never replaces it.
+Each role's main evaluates through one `Evaluator` (experiments/sections.py `evaluator`): training on its interval
+(experiments/runner.py), mode=evaluate and predict (experiments/checkpoint_modes.py), the sidecar evaluator
+(experiments/sidecar.py). metrics.json is the training run's last evaluation, which a resumed run reads: an
+evaluation of the test split, or mode=evaluate of a checkpoint older than the one metrics.json holds, is written
+beside it (`BESIDE`) and never replaces it.
 """
 import logging
 import time

@@ -1,246 +1,133 @@
-"""train_and_evaluate: the main behind `python run.py`, and the controller that runs its mode.
+"""The runner: `run` picks the job's role, and each role has its own main, read top to bottom.
 
-`run` reads top to bottom, in sections: settings, run directory (claim it), data, model, restore (the resume
-point), loop, close. What it builds goes into one `Controller`, whose methods are the modes:
-train_and_evaluate, train, evaluate, predict, export and continuous_eval (the sidecar evaluator, which the
-same set-up serves on one device). Durability enters as named calls into experiments/run_dir/.
+- `train` (here): mode=train_and_evaluate and train: settings, run directory (claim it), data, model, restore (the
+  resume point), the loop with its actions, close;
+- experiments/checkpoint_modes.py `main`: mode=evaluate, predict and export, which read a recorded checkpoint;
+- experiments/sidecar.py `main`: the sidecar evaluator (mode=continuous_eval, or TF_CONFIG's evaluator task).
+
+The sections they share are named calls into experiments/sections.py, and durability enters as named calls into
+experiments/run_dir/. The training loop is the `Controller`'s.
 """
 import contextlib
 import logging
 import re
 from pathlib import Path
 
-import keras
 import tensorflow as tf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tf_harness.data import TASKS, service
-from tf_harness.data.errors import ConfigError
+from tf_harness.data import service
 from tf_harness.data.input_fn import input_fn
 from tf_harness.data.integrity import unreadable
-from tf_harness.data.integrity.skipped import SkipLog
-from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
-from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import (actions, class_weights, export, heatmaps, pruning, recipes, review, sidecar,
+from tf_harness.experiments import (actions, checkpoint_modes, pruning, recipes, review, sections, sidecar,
                                     strategies, warm_start, xla_cache)
-from tf_harness.experiments.evaluation import Evaluator
 from tf_harness.experiments.run_dir import blocking, interrupts
-from tf_harness.experiments.run_dir.directory import RunDirectory, claim, no_checkpoint
-from tf_harness.experiments.schema import EVALUATING_MODES, EVALUATION_MODES, TRAINING_MODES
+from tf_harness.experiments.run_dir.directory import RunDirectory, claim
 from tf_harness.experiments.settings import Job, Settings
 from tf_harness.experiments.startup import StartupClock
-from tf_harness.experiments.summaries import Summaries
-from tf_harness.experiments.trainer import Trainer, loop_length
+from tf_harness.experiments.trainer import loop_length
 
 log = logging.getLogger(__name__)
-_POLICIES = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 
 
 def run(settings: Settings, job: Job, actions=()):
-    """Runs one job with `settings`, the config read once the schema passed it (experiments/cli.py `guarded`);
-    `job.run_dir`, the run directory, is the model_dir; `actions` (experiments/actions.py) are called after the
-    mode's own. Returns (the job's objective, the last evaluation's metrics; empty when the mode does not evaluate).
-    The objective is the last evaluation's headline metric (None when the mode does not evaluate), or with
-    trainer.objective=best the best value of trainer.best_metric, which a sweeper such as Optuna optimises."""
+    """Runs one job with `settings`, the config read once the schema passed it (experiments/cli.py `guarded`), in
+    its role's main. `job.run_dir`, the run directory, is the model_dir; `actions` (experiments/actions.py) are
+    called after the mode's own. Returns (the job's objective, the last evaluation's metrics with the global step;
+    empty but for it when the mode does not evaluate). The objective is the last evaluation's headline metric
+    (None when the mode does not evaluate), or with trainer.objective=best the best value of trainer.best_metric,
+    which a sweeper such as Optuna optimises."""
+    if sidecar.wanted(settings):  # mode=continuous_eval, or TF_CONFIG's evaluator task
+        return sidecar.main(settings, job, actions)
+    if settings.mode in checkpoint_modes.MODES:
+        return checkpoint_modes.main(settings, job, actions)
+    return train(settings, job, actions)
+
+
+def train(settings: Settings, job: Job, actions=()):
+    """mode=train_and_evaluate and train: trains to trainer.train_steps from the resume point, evaluating on
+    trainer.eval_every with train_and_evaluate; `run` says what it returns."""
     # Settings ---------------------------------------------------------------------------------------------------
     clock = StartupClock()
     model_dir = Path(job.run_dir)
-    evaluator = sidecar.wanted(settings)  # mode=continuous_eval, or TF_CONFIG's evaluator task
-    keras.backend.clear_session()  # a sweep's jobs share this process: each starts from a clean Keras state
-    keras.utils.set_random_seed(settings.seed)
-    if settings.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    # The strategy comes before any TensorFlow op runs (the claim below reads checkpoints): MultiWorkerMirrored
-    # configures collective ops, and a mirrored CPU is split into devices, only before the runtime starts.
-    # The evaluator runs on one device, whatever the run trains with; TF_CONFIG was checked with the config.
-    strategy = strategies.one_device() if evaluator else strategies.make_strategy(settings.strategy)
-    if settings.pipeline.batch_size % strategy.num_replicas_in_sync:
-        replicas = strategy.num_replicas_in_sync
-        raise ConfigError(f"pipeline.batch_size={settings.pipeline.batch_size} does not divide across {replicas} "
-                          f"replicas; use a multiple of {replicas}")
-    policy = _POLICIES[settings.pipeline.dtype]  # float32 variables, logits and loss (experiments/trainer.py)
-    keras.mixed_precision.set_global_policy(policy)
+    sections.fresh_state(settings)
+    strategy = strategies.make_strategy(settings.strategy)
+    policy = sections.precision(settings, strategy)
 
     # Run directory: claim it ------------------------------------------------------------------------------------
-    # The trainer takes the run lock and clears a killed run's leftovers; the sidecar its own lock and eval.log.
-    # A start that could not go on is refused here, before anything is written. From here on SIGINT and SIGTERM
-    # end the run once what it did is saved (exit 130/143).
+    # The run lock, a killed run's leftovers, and the refusals of a start that could not go on, before anything is
+    # written. From here on SIGINT and SIGTERM end the run once what it did is saved (exit 130/143).
     interrupts.install()
-    if evaluator:
-        sidecar.start(settings, model_dir)
-    run_dir = claim(settings, model_dir, evaluator)
-    if not evaluator:
-        warm_start.check(settings, run_dir.checkpoint_dir)
-        xla_cache.report()
-    # Logged once the run directory is claimed: a start refused here writes nothing to a live run's log.
-    log.info("Config:\n%s", settings.yaml())
-    log.info("Strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
-    if policy != "float32":
-        log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", settings.pipeline.dtype,
-                 policy)
-    if evaluator:
-        log.info("Run directory: %s; mode=%s logs to %s, run.log is the trainer's", model_dir, sidecar.MODE,
-                 sidecar.LOG_NAME)
-    else:
-        log.info("Run directory: %s", model_dir)
-    # Under multi_worker only the chief writes the run directory's files; the others would clash.
-    chief = strategies.is_chief(strategy)
-    _, worker = strategies.workers()
-    run_dir.set_worker(None if chief else worker)
+    run_dir = claim(settings, model_dir)
+    warm_start.check(settings, run_dir.checkpoint_dir)
+    xla_cache.report()
+    sections.log_start(settings, strategy, policy, f"Run directory: {model_dir}")
+    writes = sections.share(run_dir, strategy)  # the chief writes skipped.csv, train/ and the HParams record
 
     # Data: index once, in Python; everything per example happens in tf.data -----------------------------------
-    task = settings.task()
-    pipeline = settings.input_pipeline()
-    skipped = SkipLog()
-    tables = task.index(dataset_root(task, settings.dataset.root), skipped)
-    clock.lap("index")
-    if settings.pipeline.verify_images:
-        tables = drop_undecodable(tables, skipped)
-        clock.lap("verify")
-    check_shards(task, tables, pipeline.tfrecord, "evaluate" if evaluator else settings.mode, skipped)
+    task, pipeline = settings.task(), settings.input_pipeline()
+    tables, skipped = sections.index(settings, task, pipeline, settings.mode, clock)
 
     # Model: network, optimizer and global step ---------------------------------------------------------------
-    # Built before the run directory holds anything of this run but Hydra's files and the lock, so that a model
-    # this config cannot build, or a warm start none of whose variables fit it, is a config error leaving no folder.
-    trainer = Trainer(settings, task.SPEC, strategy, task.decode.size, loss=task.loss)
-    clock.lap("build")
-    if not evaluator:
-        warm_start.check_fit(settings, run_dir.checkpoint_dir, trainer.model)
-    if settings.pipeline.service and not evaluator and settings.mode in TRAINING_MODES:
-        service.check_dispatcher(settings.pipeline.service)  # a config error too, so it leaves no folder
-    # The run's first files, once the model is built: skipped.csv, then the HParams record.
-    writes = chief and not evaluator  # skipped.csv and train/ are the trainer's; the sidecar writes validation/
-    if writes:
-        skipped.write(model_dir / "skipped.csv")  # also logs how many rows were skipped, and why
-    check_skipped(tables, skipped, settings.dataset.max_skipped_fraction)  # after: its error points at skipped.csv
-    class_weights.prepare(settings, task, tables, model_dir, write=writes)  # trainer.class_weights
-    # Event files where this process has events to write: a refused export or predict leaves the folder as it was.
-    splits = ("train", "validation") if settings.mode in TRAINING_MODES else \
-        ("validation",) if settings.mode in EVALUATING_MODES else ()
-    summaries = Summaries(str(model_dir), splits if writes else ("validation",) if evaluator else ())
-    if writes:
-        summaries.hparams(settings, task.SPEC.task, job)
+    trainer = sections.build(settings, task, strategy, clock)
+    warm_start.check_fit(settings, run_dir.checkpoint_dir, trainer.model)  # config errors still leave no folder
+    if settings.pipeline.service:
+        service.check_dispatcher(settings.pipeline.service)
+    sections.first_files(settings, task, tables, skipped, model_dir, writes)
+    summaries = sections.summaries(settings, task, job, model_dir, ("train", "validation") if writes else (), writes)
     controller = Controller(settings, task, pipeline, trainer, summaries, run_dir, tables, skipped, clock,
                             context=strategies.input_context(strategy), writes=writes, extra_actions=actions,
                             trial=job.trial)
 
     # Restore: 1. the run's own newest restorable checkpoint, 2. trainer.init_checkpoint, 3. scratch ------------
-    # Training restores its input iterator too; evaluate, predict and export the checkpoint `checkpoint=` names;
-    # the sidecar each new checkpoint as it comes.
-    training = not evaluator and settings.mode in TRAINING_MODES
-    if training:
-        iterator, manager = controller.resume()
-    elif settings.mode in EVALUATION_MODES:
-        controller.restore()
+    iterator, manager = controller.resume()
 
-    # Loop: the mode ----------------------------------------------------------------------------------------------
-    if evaluator:
-        controller.continuous_eval()
-    elif training:
-        controller.train(iterator, manager, evaluate=settings.mode == "train_and_evaluate")
-    else:
-        {"evaluate": controller.evaluate, "predict": controller.predict, "export": controller.export}[settings.mode]()
+    # Loop: train loops, with the actions after each loop and each evaluation --------------------------------------
+    controller.train(iterator, manager, evaluate=settings.mode == "train_and_evaluate")
 
     # Close ------------------------------------------------------------------------------------------------------
-    summaries.close()
-    last = controller.evaluator.last_values
-    # trainer.objective (last or best), and the final metrics: the last evaluation's, with the global step reached.
-    return controller.recipes.objective(last), {**last, "global_step": trainer.step}
+    return sections.close(summaries, controller.evaluator, controller.recipes, trainer)
 
 
 class Controller:
-    """Runs a mode over the objects the main built: trains to the step budget, evaluating on an interval and
-    checkpointing; evaluates, predicts or exports a restored checkpoint; or evaluates each new checkpoint."""
+    """Trains to the step budget from the resume point, evaluating on an interval and checkpointing, with the
+    actions (experiments/actions.py) after each loop and each evaluation."""
 
     def __init__(self, settings, task, pipeline, trainer, summaries, run_dir: RunDirectory, tables, skipped, clock,
                  context=None, writes=True, extra_actions=(), trial=None):
         """`skipped`: the run's SkipLog, which grows by the image files that fail to decode mid-run;
         `context`: this worker's tf.distribute.InputContext for training input; `clock`: the start-up clock,
         whose line `train` logs after its first loop; `writes`: whether this process writes the trainer's files
-        (skipped.csv, train/): the chief of a training run, never the sidecar evaluator; `extra_actions`: actions
-        (experiments/actions.py) called after those of the run's mode; `trial`: the job's study.JobTrial, which a
-        training run's evaluations are reported to (sweep.pruner)."""
+        (skipped.csv, train/): the chief; `extra_actions`: actions (experiments/actions.py) called after the
+        run's own; `trial`: the job's study.JobTrial, which the evaluations are reported to (sweep.pruner)."""
         self.settings, self.trainer_settings = settings, settings.trainer
         self.task, self.spec, self.pipeline, self.trainer = task, task.SPEC, pipeline, trainer
         self.summaries, self.run_dir, self.tables, self.skipped = summaries, run_dir, tables, skipped
         self.clock, self.context, self.writes = clock, context, writes
         self.model_dir = run_dir.model_dir
-        self.reported = {path for path, _ in skipped.rows}  # the unreadable files skipped.csv lists already
-        self.evaluator = Evaluator(task, trainer, tables, summaries, self.model_dir,
-                                   batch_size=settings.pipeline.batch_size, eval_steps=settings.trainer.eval_steps,
-                                   seed=pipeline.seed, input_fn=self._eval_input, note_unreadable=self.note_unreadable,
-                                   write=run_dir.chief, beside=sidecar.wanted(settings),
-                                   chosen=settings.checkpoint if settings.mode == "evaluate" else None,
-                                   bootstrap=settings.bootstrap, unit=TASKS.entries[task.SPEC.name].unit)
+        self.note_unreadable = sections.UnreadableFiles(skipped, self.model_dir, writes)
         self.note_unreadable()  # what an earlier life of this run found
+        self.evaluator = sections.evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir,
+                                            self.note_unreadable)
         self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
-        # The actions of the mode: training sets its own (`_train`); an evaluation outside training counts for nothing.
         self.extra_actions = list(extra_actions)
-        self.actions = [actions.BestCheckpoint(self.recipes), *self.extra_actions]
-        pruner = settings.select("sweep", {}).get("pruner") if writes and settings.mode in TRAINING_MODES else None
+        self.actions = []  # the run's own and `extra_actions`, set as training starts (`_train`)
+        pruner = settings.select("sweep", {}).get("pruner") if writes else None
         self.pruning = pruning.Pruning(pruner, trial, self.recipes.objective, self.model_dir, run_dir.chief)
 
-    # Input ---------------------------------------------------------------------------------------------------
-    def _input_fn(self, split, training, rows=None):
-        return input_fn(self.task, self.tables[split], self.pipeline, split=split, training=training,
-                        context=self.context if training else None, model_dir=self.model_dir, rows=rows)
-
-    def _eval_input(self, split, rows=None):
-        return self._input_fn(split, training=False, rows=rows)
-
-    def note_unreadable(self):
-        """Lists in skipped.csv the image files that the pipelines reported since the last call
-        (data/integrity/unreadable.py)."""
-        rows = unreadable.collect(unreadable.report_folder(self.model_dir), self.reported)
-        if rows and self.writes:
-            self.skipped.extend(rows)
-            self.skipped.write(self.model_dir / "skipped.csv")
-
-    # The modes that read a checkpoint ------------------------------------------------------------------------
-    def restore(self):
-        """Restores the checkpoint that `checkpoint=latest|best|<step>` names (evaluate, predict, export): by
-        default the run's newest restorable one."""
-        split = self.settings.split
-        if split is not None and split not in self.tables:  # the dataset has one, but not in this copy of it
-            raise ConfigError(f"split={split}: dataset={self.spec.name} has no {split} split under "
-                              f"{self.settings.dataset.root or 'its sample'} (its test split is "
-                              f"{TASKS.entries[self.spec.name].test}: docs/datasets.md)")
-        self.restored = recipes.chosen_checkpoint(self.settings.checkpoint, self.run_dir, self.settings.mode)
-        self.trainer.checkpoint().restore(self.restored).expect_partial()
-        log.info("Restored %s (global step %d)", self.restored, self.trainer.step)
-
-    def evaluate(self):
-        """Evaluates the trainer's weights, then calls the actions' `after_evaluation` (in a training run, the best
-        checkpoint and early stopping count it: experiments/recipes.py). With split=test (mode=evaluate), the test
-        split into metrics_test.json, which no action counts."""
-        if self.settings.split == "test":
-            return self.evaluator.evaluate("test")
-        values = self.evaluator.evaluate()
-        self._call("after_evaluation", self.trainer.step, values)
-        return values
-
-    def predict(self):
-        predictions = self.evaluator.predict(self.settings.split)
-        if self.settings.heatmaps and predictions is not None:  # heatmaps=N: Grad-CAM of the N highest scores
-            with self.trainer.averaged():
-                heatmaps.write_top(self.task, self.trainer, predictions, self.settings.heatmaps, self.model_dir)
-
-    def export(self):
-        with self.trainer.averaged():  # trainer.ema_decay: the averaged weights are what is served
-            return export.export(self.task, self.trainer, self.run_dir, self.restored)
-
-    def continuous_eval(self):
-        """The sidecar evaluator: each new checkpoint of the run, until the final step (experiments/sidecar.py)."""
-        sidecar.evaluate_each(self.settings, self.run_dir.checkpoint_dir, self.trainer, self.evaluator)
-
     # Training ------------------------------------------------------------------------------------------------
+    def _train_input(self):
+        """The training pipeline: this worker's share of the train split (`context`)."""
+        return input_fn(self.task, self.tables["train"], self.pipeline, split="train", training=True,
+                        context=self.context, model_dir=self.model_dir)
+
     def resume(self):
         """The training iterator and checkpoint manager, restored by the resume policy (experiments/warm_start.py):
         1. the run's own checkpoint, its newest restorable one: all it holds is restored;
         2. else trainer.init_checkpoint: the model variables matching by name and shape; optimizer fresh, step 0;
         3. else scratch: the model as built (model.pretrained's weights where set).
         """
-        iterator = iter(self._input_fn("train", training=True))
+        iterator = iter(self._train_input())
         save_input = self.run_dir.saves_input(self.settings, self.task, self.context)
         checkpoint = self.trainer.checkpoint(iterator if save_input else None)
         latest = self.run_dir.latest(whole=True)
@@ -248,12 +135,19 @@ class Controller:
         if latest:
             if self.run_dir.restore(latest, self.trainer, checkpoint, self.settings, save_input):
                 # The saved iterator does not fit this pipeline: everything else was restored, the stream starts over.
-                iterator = iter(self._input_fn("train", training=True))
+                iterator = iter(self._train_input())
                 checkpoint = self.trainer.checkpoint(iterator)
         manager = self.run_dir.manager(checkpoint, latest, self.trainer, self.settings, save_input)
         self.recipes.resume(self.trainer.step)  # counts an evaluation the checkpoint was saved before
         self.clock.lap("input_fn")
         return iterator, manager
+
+    def evaluate(self):
+        """Evaluates the trainer's weights, then calls the actions' `after_evaluation` (the best checkpoint, early
+        stopping and pruning count it: experiments/recipes.py, experiments/pruning.py); returns its metrics."""
+        values = self.evaluator.evaluate()
+        self._call("after_evaluation", self.trainer.step, values)
+        return values
 
     def train(self, iterator, manager, evaluate=True):
         """Trains from the resumed `iterator` to trainer.train_steps, saving through `manager`; evaluates on

@@ -23,18 +23,20 @@ task never joins the cluster's MultiWorkerMirroredStrategy. Only a recorded run 
 command line (its saved config is what the checkpoints hold); the evaluator task of a cluster runs the workers'
 own command line and may start before the chief has recorded anything.
 
-The runner's main (experiments/runner.py) builds what it evaluates with, on one device; this module decides which
-checkpoint to evaluate and when to stop. Nothing TensorFlow-side is imported at module level: `wanted` and `start`
-(the lock and the log) run before it.
+`main` is the sidecar's own main, read top to bottom: settings, run directory (its lock and log), data, model, the
+loop over new checkpoints, close. experiments/runner.py `run` picks it (`wanted`); `Watch` decides which checkpoint
+to evaluate and when to stop.
 """
 import logging
 import time
 from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import strategies
+from tf_harness.experiments import recipes, sections, strategies
+from tf_harness.experiments.run_dir import interrupts, reentry, run_lock
+from tf_harness.experiments.run_dir.directory import claim
 from tf_harness.experiments.schema import SIDECAR_MODE
-from tf_harness.experiments.run_dir import reentry, run_lock
+from tf_harness.experiments.startup import StartupClock
 
 log = logging.getLogger(__name__)
 MODE = SIDECAR_MODE
@@ -45,6 +47,45 @@ POLL_SECONDS = 1.0  # how often the checkpoint folder is listed while there is n
 def wanted(settings) -> bool:
     """Whether this job is the sidecar evaluator: mode=continuous_eval, or TF_CONFIG's evaluator task."""
     return settings.mode == MODE or strategies.is_evaluator()
+
+
+def main(settings, job, actions=()):
+    """Evaluates each new checkpoint of the run directory `job.run_dir` on one device, until the final step or
+    trainer.eval_timeout; writes validation/, metrics.json and eval.log alone. `actions` are not called: the
+    sidecar counts no evaluation for the training run. Returns what experiments/runner.py `run` says."""
+    # Settings ---------------------------------------------------------------------------------------------------
+    clock = StartupClock()
+    model_dir = Path(job.run_dir)
+    sections.fresh_state(settings)
+    strategy = strategies.one_device()  # whatever the run trains with; TF_CONFIG was checked with the config
+    policy = sections.precision(settings, strategy)
+
+    # Run directory: its own lock and eval.log, before anything is written ----------------------------------------
+    interrupts.install()
+    start(settings, model_dir)
+    run_dir = claim(settings, model_dir, evaluator=True)  # reads only: the trainer holds the run lock
+    sections.log_start(settings, strategy, policy, f"Run directory: {model_dir}; mode={MODE} logs to {LOG_NAME}, "
+                                                   f"run.log is the trainer's")
+
+    # Data: index once, in Python --------------------------------------------------------------------------------
+    task, pipeline = settings.task(), settings.input_pipeline()
+    tables, skipped = sections.index(settings, task, pipeline, "evaluate", clock)
+
+    # Model: network and global step, to restore each checkpoint into -----------------------------------------
+    trainer = sections.build(settings, task, strategy, clock)
+    sections.first_files(settings, task, tables, skipped, model_dir, writes=False)  # skipped.csv is the trainer's
+    summaries = sections.summaries(settings, task, job, model_dir, ("validation",), writes=False)
+    note_unreadable = sections.UnreadableFiles(skipped, model_dir, writes=False)
+    note_unreadable()
+    evaluator = sections.evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable,
+                                   beside=True)
+    objective = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # trainer.objective: last or best
+
+    # Loop: each new checkpoint, restored and evaluated ------------------------------------------------------------
+    evaluate_each(settings, run_dir.checkpoint_dir, trainer, evaluator)
+
+    # Close ------------------------------------------------------------------------------------------------------
+    return sections.close(summaries, evaluator, objective, trainer)
 
 
 def start(settings, model_dir) -> None:

@@ -71,7 +71,7 @@ class Plan:
 
 
 def start(settings, model, latest) -> None:
-    """Steps 2 and 3 of the resume policy for a training run (experiments/runner.py `_resume_training`): with
+    """Steps 2 and 3 of the resume policy for a training run (experiments/runner.py `Controller.resume`): with
     `latest`, the run's own checkpoint, trainer.init_checkpoint is ignored (logged); without, the model variables it
     holds that match are restored into `model` (the optimizer and the global step are left as they are, fresh)."""
     init, pretrained = settings.trainer.get("init_checkpoint"), settings.model.get("pretrained")
@@ -90,7 +90,7 @@ def start(settings, model, latest) -> None:
 
 
 def check(settings, checkpoint_dir) -> None:
-    """Before a run writes anything (experiments/runner.py `run`): raises ConfigError when a training run without a
+    """Before a run writes anything (experiments/runner.py `train`): raises ConfigError when a training run without a
     checkpoint of its own in `checkpoint_dir` would warm-start from a trainer.init_checkpoint that cannot be
     restored, or with a trainer.init_exclude that is no regular expression."""
     init = settings.trainer.get("init_checkpoint")

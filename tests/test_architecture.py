@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import PROJECT
 
 SOURCES = ("data", "models", "experiments", "benchmarks", "run.py")
@@ -28,15 +30,41 @@ def test_layers_and_no_import_cycles():
     assert "Contracts: 2 kept, 0 broken." in result.stdout
 
 
-def test_the_main_reads_top_to_bottom_in_its_sections():
-    """experiments/runner.py's `run` is one function in banner sections, in the order a run takes them."""
-    source = (PROJECT / "experiments" / "runner.py").read_text()
-    main = next(node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == "run")
-    body = source.splitlines()[main.lineno - 1:main.end_lineno]
+# Each role's main, and the banner sections it reads in, in the order a run takes them.
+_MAINS = {("experiments/runner.py", "train"): ["Settings", "Run directory", "Data", "Model", "Restore", "Loop", "Close"],
+          ("experiments/checkpoint_modes.py", "main"): ["Settings", "Run directory", "Data", "Model", "Restore",
+                                                         "The mode", "Close"],
+          ("experiments/sidecar.py", "main"): ["Settings", "Run directory", "Data", "Model", "Loop", "Close"]}
+
+
+def _function(path, name):
+    """(the source lines, the ast node) of the module-level function `name` in `path`."""
+    source = (PROJECT / path).read_text()
+    node = next(node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == name)
+    return source.splitlines()[node.lineno - 1:node.end_lineno], node
+
+
+@pytest.mark.parametrize("path, name", list(_MAINS))
+def test_each_roles_main_reads_top_to_bottom_in_its_sections_without_a_branch_on_the_role(path, name):
+    """A role's main is one function in banner sections, in the order a run takes them, about a screen long, and
+    no `if` in it asks for the mode or whether it is the sidecar: experiments/runner.py `run` picks the role."""
+    body, main = _function(path, name)
     banners = [re.match(r"\s*# ([A-Z][a-z]+(?: [a-z]+)?)\b", line).group(1) for line in body
                if re.fullmatch(r"\s*# .*-{10,}", line)]
-    assert banners == ["Settings", "Run directory", "Data", "Model", "Restore", "Loop", "Close"], banners
-    assert len(body) <= 200, len(body)
+    assert banners == _MAINS[path, name], banners
+    assert len(body) <= 60, len(body)
+    tests = [ast.unparse(node.test) for node in ast.walk(main) if isinstance(node, (ast.If, ast.IfExp))]
+    assert not [test for test in tests if re.search(r"mode|wanted|evaluator", test)], tests
+
+
+def test_one_function_picks_the_role():
+    """experiments/runner.py `run` picks the role in a few lines, and is where the other roles' mains are called."""
+    _, run = _function("experiments/runner.py", "run")
+    assert len(run.body) <= 6, ast.unparse(run)  # the docstring, then the dispatch
+    lines = range(run.lineno, run.end_lineno + 1)
+    callers = _calls("sidecar", "main") + _calls("checkpoint_modes", "main")
+    assert len(callers) == 2 and all(caller.startswith("experiments/runner.py:") and int(caller.split(":")[1]) in lines
+                                     for caller in callers), callers
 
 
 def _reads_the_config(tree) -> bool:

@@ -30,7 +30,7 @@ from tf_harness.experiments.settings import Settings
 from tf_harness.data.errors import ConfigError
 from tf_harness.experiments import export, metrics
 from tf_harness.experiments.run_dir.directory import RunDirectory
-from tf_harness.experiments.runner import Controller
+from tf_harness.experiments.checkpoint_modes import CheckpointModes
 from tf_harness.experiments.trainer import Trainer
 
 # A tiny model per dataset, at the smoke experiment's 32px; every decode setting differs between them.
@@ -69,11 +69,11 @@ def tiny_trainer(cfg):
 
 
 def export_run(task, trainer, model_dir, chief=True):
-    """mode=export as the run's controller does it: restores the newest restorable checkpoint, then exports it."""
+    """mode=export as a run does it (CheckpointModes): restores the newest restorable checkpoint, then exports it."""
     run_dir = RunDirectory(model_dir)
     run_dir.chief = chief
-    Controller.restore(SimpleNamespace(run_dir=run_dir, settings=SimpleNamespace(mode="export", checkpoint="latest", split=None),
-                                       trainer=trainer))
+    CheckpointModes.restore(SimpleNamespace(run_dir=run_dir, settings=SimpleNamespace(mode="export", checkpoint="latest", split=None),
+                                            trainer=trainer))
     return export.export(task, trainer, run_dir)
 
 

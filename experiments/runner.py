@@ -171,13 +171,13 @@ class Controller:
                                    seed=pipeline.seed, input_fn=self._eval_input, note_unreadable=self.note_unreadable,
                                    write=run_dir.chief, beside=sidecar.wanted(settings),
                                    chosen=settings.checkpoint if settings.mode == "evaluate" else None,
-                                   bootstrap=settings.bootstrap, unit=TASKS.entries[task.SPEC.name].unit)
+                                   bootstrap=settings.evaluation.bootstrap, unit=TASKS.entries[task.SPEC.name].unit)
         self.note_unreadable()  # what an earlier life of this run found
         self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
         # The actions of the mode: training sets its own (`_train`); an evaluation outside training counts for nothing.
         self.extra_actions = list(extra_actions)
         self.actions = [actions.BestCheckpoint(self.recipes), *self.extra_actions]
-        pruner = settings.select("sweep", {}).get("pruner") if writes and settings.mode in TRAINING_MODES else None
+        pruner = settings.sweep.pruner if writes and settings.mode in TRAINING_MODES else None
         self.pruning = pruning.Pruning(pruner, trial, self.recipes.objective, self.model_dir, run_dir.chief)
 
     # Input ---------------------------------------------------------------------------------------------------

@@ -213,11 +213,15 @@ STRATEGIES = {"auto": (), "one_device": (), "mirrored": ("logical_cpus",), "mult
 
 @dataclass(frozen=True, kw_only=True)
 class Evaluation:
+    """evaluation.*: the intervals of a test evaluation (conf/config.yaml)."""
+
     bootstrap: int = key(integer(0), RUN_CONTROL)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
+    """pipeline.*: how examples are read and batched (conf/pipeline/default.yaml)."""
+
     batch_size: int = key(integer(1), EVALUATION)
     image_size: int | tuple = key(IMAGE_SIZE)
     cache: str = key(one_of("none", "memory", "disk"), RUN_CONTROL)
@@ -238,12 +242,16 @@ class Pipeline:
 
 @dataclass(frozen=True, kw_only=True)
 class EarlyStopping:
+    """trainer.early_stopping.*"""
+
     patience: int | None = key(integer(0, null="no early stopping"))
     min_delta: float = key(number(0))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Trainer:
+    """trainer.*: the step budget, intervals, optimizer and recipes (conf/trainer/default.yaml)."""
+
     train_steps: int = key(integer(1), RUN_CONTROL)
     eval_every: int = key(integer(1), RUN_CONTROL)
     eval_steps: int | None = key(integer(1, null="the whole validation split"), RUN_CONTROL)
@@ -288,11 +296,15 @@ class Trainer:
 
 @dataclass(frozen=True, kw_only=True)
 class Sweep:
+    """sweep.*: a stored study's trials (conf/config.yaml)."""
+
     pruner: str | None = key(_with_null(one_of("median", "hyperband"), "no pruning"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class TFRecord:
+    """tfrecord.*: where TFRecord shards are written and read (conf/config.yaml)."""
+
     dir: str = key(PATH)
     encoding: str = key(one_of(*ENCODINGS))
     shard_mb: float = key(number(0, low_open=True))
@@ -302,6 +314,8 @@ class TFRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class Dataset:
+    """dataset.*: what is read (conf/dataset/<name>.yaml); its options are its line's in TASKS."""
+
     name: str = key(Names(TASKS))
     root: str | None = key(DATA_ROOT, RUN_CONTROL)
     flip: bool = key(FLAG)
@@ -317,6 +331,8 @@ class Dataset:
 
 @dataclass(frozen=True, kw_only=True)
 class Model:
+    """model.*: the network (conf/model/<name>.yaml); its options are its family's in BUILDERS."""
+
     name: str = key(Names(BUILDERS))
     inputs: str = key(one_of(*INPUTS))
     batch_norm_momentum: float | None = option(number(0, 1), BUILDERS.options)
@@ -332,7 +348,7 @@ class Model:
 
 @dataclass(frozen=True, kw_only=True)
 class Strategy:
-    """The strategy=<name> group; re-entry may change it whole."""
+    """strategy.*: the tf.distribute strategy (conf/strategy/<name>.yaml), which a re-entry may change whole."""
 
     name: str = key(one_of(*STRATEGIES), RUN_CONTROL)
     logical_cpus: int | None = option(integer(1), lambda name: STRATEGIES.get(name, ()), RUN_CONTROL)

@@ -114,7 +114,7 @@ def _run_value(settings, job, key):
     choices = job.choices
     if key in choices:
         return choices[key]
-    return settings.select(key.lstrip("+~"), None)
+    return settings.value(key.lstrip("+~"))
 
 
 def hparams_and_values(settings, job):
@@ -136,7 +136,7 @@ def hparams_and_values(settings, job):
             hparam = hp.HParam(key)
         hparams.append(hparam)
         values[key] = _shown(value, kind, interval)
-    for key, value in _leaves(settings.values.to_dict()):
+    for key, value in _leaves(settings.to_dict()):
         if key not in values:
             hparams.append(hp.HParam(key))
             values[key] = _shown(value, _kind([value]))

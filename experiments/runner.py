@@ -112,7 +112,7 @@ class Controller:
         self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
         self.extra_actions = list(extra_actions)
         self.actions = []  # the run's own and `extra_actions`, set as training starts (`_train`)
-        pruner = settings.select("sweep", {}).get("pruner") if writes else None
+        pruner = settings.sweep.pruner if writes else None
         self.pruning = pruning.Pruning(pruner, trial, self.recipes.objective, self.model_dir, run_dir.chief)
 
     # Training ------------------------------------------------------------------------------------------------

@@ -1,16 +1,16 @@
-"""The type and allowed values of every config key, checked before TensorFlow is imported.
+"""Checks a composed config against the keys experiments/config_keys.py declares, before TensorFlow is imported.
 
-Every leaf key of the composed config has its type declared below, once, on one line:
+Every leaf key of the composed config is declared once, as a field of its group in experiments/config_keys.py;
+the tables checked here are derived from those fields:
 
 - ``KEYS``: the keys every run has, by full name (``trainer.*``, ``pipeline.*``, ``tfrecord.*``, ...);
 - ``OPTION_KEYS``: the keys only some datasets or models have (``dataset.validation_fraction``);
 - ``STRATEGY_KEYS``: the keys of one strategy, by its name: the one list of strategy names.
 
-``MODES`` is the one list of modes. The rest is imported from the TensorFlow-free modules that declare it:
-the datasets, whether an example is one image or a pair, and their ``dataset.*`` options from ``TASKS``
-(data/__init__.py); the models, what each takes, their ``model.*`` options and siamese_cnn's ``MERGES``
-from models/__init__.py; the TFRecord ``ENCODINGS`` from data/tfrecords/layout.py. So a dataset or model
-added there is known here with no edit; an option key new to the harness needs its type in OPTION_KEYS.
+The rest is imported from the TensorFlow-free modules that declare it: the datasets, whether an example is one
+image or a pair, and their ``dataset.*`` options from ``TASKS`` (data/__init__.py); the models, what each takes
+and their ``model.*`` options from models/__init__.py. So a dataset or model added there is known here with no
+edit; an option key new to the harness needs its field in experiments/config_keys.py.
 
 A key in conf/ that is not declared is itself a config error, and so is a declared key missing
 from the composed config, so conf/ and the code cannot drift apart (tests/test_config.py walks them).
@@ -23,269 +23,24 @@ per error, naming the key, the value and what is allowed.
 """
 import difflib
 import json
-import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tf_harness.data import INPUTS, TASKS
-from tf_harness.data.tfrecords.layout import ENCODINGS
-from tf_harness.models import BUILDERS, MERGES, smallest_side
-from tf_harness.experiments import graph_optimizer
+from tf_harness.data import TASKS
+from tf_harness.models import BUILDERS, smallest_side
+# The modes and the tables are declared in config_keys; the rest of the project reads them here too.
+from tf_harness.experiments.config_keys import (  # noqa: F401  names other modules import from the schema
+    EVALUATING_MODES, EVALUATION_MODES, KEYS, MODES, OPTION_KEYS, SERVICE_ADDRESS, SIDECAR_MODE, SPLIT_MODES,
+    STRATEGY_KEYS, TRAINING_MODES, Key, _is_int, number, one_of)
 
 MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
 _UNSET = object()
 
-
-@dataclass(frozen=True)
-class Key:
-    """One key's declared type and allowed values."""
-
-    allowed: str  # what the error message says is allowed
-    accepts: Callable[[Any], bool]
-
-
-def _with_null(key, null):
-    """`key`, also accepting null, which means `null` (a few words)."""
-    if null is None:
-        return key
-    return Key(f"{key.allowed}, or null ({null})", lambda value: value is None or key.accepts(value))
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def integer(low=None, high=None, null=None) -> Key:
-    """An int in [low, high]; either bound may be open-ended (None)."""
-    allowed = (f"an integer in {low}..{high}" if low is not None and high is not None
-               else f"an integer >= {low}" if low is not None else "an integer")
-    key = Key(allowed, lambda value: _is_int(value) and (low is None or value >= low)
-              and (high is None or value <= high))
-    return _with_null(key, null)
-
-
-def number(low, high=None, low_open=False, high_open=False, null=None) -> Key:
-    """A finite int or float between `low` and `high` (inclusive unless open)."""
-    if high is None:
-        allowed = f"a number {'>' if low_open else '>='} {low}"
-    else:
-        allowed = f"a number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-
-    def accepts(value):
-        return (_is_number(value) and (value > low if low_open else value >= low)
-                and (high is None or (value < high if high_open else value <= high)))
-
-    return _with_null(Key(allowed, accepts), null)
-
-
-def one_of(*choices) -> Key:
-    return Key(f"one of {'|'.join(choices)}", lambda value: isinstance(value, str) and value in choices)
-
-
-class Names:
-    """A Key taking the names of a registry (TASKS, BUILDERS), read when a value is checked."""
-
-    def __init__(self, registry):
-        self.registry = registry
-
-    @property
-    def allowed(self) -> str:
-        return f"one of {'|'.join(self.registry)}"
-
-    def accepts(self, value) -> bool:
-        return isinstance(value, str) and value in self.registry
-
-
-FLAG = Key("true or false", lambda value: isinstance(value, bool))
-PATH = Key("a path", lambda value: isinstance(value, str) and bool(value))
-# Checked here so that a typo in dataset.root fails in a second, not after TensorFlow starts.
-DATA_ROOT = _with_null(Key("an existing directory",
-                           lambda value: isinstance(value, str) and Path(value).expanduser().is_dir()),
-                       "the embedded sample")
-
-
-def integers(low=1, length=None) -> Key:
-    """A non-empty list of ints >= `low`, of exactly `length` items when given."""
-    allowed = f"a list of {length or 'one or more'} integers >= {low}"
-
-    def accepts(value):
-        return (isinstance(value, list) and len(value) == (length or len(value)) and len(value) > 0
-                and all(_is_int(item) and item >= low for item in value))
-
-    return Key(allowed, accepts)
-
-
-PROFILE_STEPS = _with_null(Key("[start, stop]: two integers with 0 <= start < stop",
-                               lambda value: integers(0, length=2).accepts(value) and value[0] < value[1]),
-                           "no profile")
-
-
-# A tf.data service dispatcher's address, in form only (data/service.py uses the same pattern and checks that
-# something answers there once TensorFlow runs).
-SERVICE_ADDRESS = re.compile(r"grpc://(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
-
-
-def _is_service_address(value):
-    match = SERVICE_ADDRESS.fullmatch(value) if isinstance(value, str) else None
-    return match is not None and 1 <= int(match["port"]) <= 65535
-
-
-SERVICE = _with_null(Key("grpc://host:port (a port in 1..65535)", _is_service_address), "decode locally")
-
-
-
-def _range(value, low, high, low_open=False) -> bool:
-    """`value` is [low', high'] with low' <= high', both finite and within `low`..`high`."""
-    return (isinstance(value, list) and len(value) == 2 and all(_is_number(item) for item in value)
-            and value[0] <= value[1] and (value[0] > low if low_open else value[0] >= low) and value[1] <= high)
-
-
-# data/preprocessing.py `random_resized_crop`: a share of the area, and width / height.
-CROP = _with_null(Key("{scale: [low, high], ratio: [low, high]} (either may be left out) with 0 < low <= high <= 1 "
-                      "for scale and 0 < low <= high for ratio",
-                      lambda value: isinstance(value, dict) and set(value) <= {"scale", "ratio"}
-                      and all(value[part] is None or _range(value[part], 0, limit, low_open=True)
-                              for part, limit in (("scale", 1), ("ratio", math.inf)) if part in value)),
-                  "no crop")
-
-IMAGE_SIZE = Key("an integer >= 1 (a square side) or [height, width]",
-                 lambda value: integer(1).accepts(value) or integers(1, length=2).accepts(value))
-
-TRAINING_MODES = ("train_and_evaluate", "train")
-EVALUATION_MODES = ("evaluate", "predict", "export")  # read a checkpoint of a recorded run
-SIDECAR_MODE = "continuous_eval"  # experiments/sidecar.py
-MODES = (*TRAINING_MODES, *EVALUATION_MODES, SIDECAR_MODE)
-SPLIT_MODES = ("evaluate", "predict")  # take `split`
-EVALUATING_MODES = ("train_and_evaluate", "evaluate", SIDECAR_MODE)  # a job of these reports a validation metric
-CHECKPOINT = Key("latest, best or a global step >= 0",
-                 lambda value: value in ("latest", "best") or integer(0).accepts(value))
-METRIC = _with_null(Key("a metric name", lambda value: isinstance(value, str) and bool(value)),
-                    "the dataset's headline metric")
 # The metrics experiments/metrics.py `evaluate` writes at every evaluation, per kind of task (SPEC.task), besides
 # `loss`; a multi-label task writes auc/<class> per class too, whose names are checked once TensorFlow runs.
 TASK_METRICS = {"multilabel": ("auc/mean",), "binary": ("accuracy", "auc"), "multiclass": ("accuracy", "top5_accuracy")}
-# A regular expression, compiled here: an invalid one is a config error before TensorFlow starts.
-REGEX = Key("a regular expression", lambda value: isinstance(value, str) and _compiles(value))
-MULTIPLIERS = Key("a mapping of regular expressions to factors > 0, e.g. {tower: 0.1}",
-                  lambda value: isinstance(value, dict) and all(
-                      REGEX.accepts(rule) and _is_number(factor) and factor > 0 for rule, factor in value.items()))
-# The strategies (conf/strategy/<name>.yaml, experiments/strategies.py), each with the keys only it has.
-STRATEGY_KEYS = {"auto": {}, "one_device": {}, "mirrored": {"strategy.logical_cpus": integer(1)}, "multi_worker": {}}
-
-# One line per key. A new key in conf/ gets its line here, in the table of its group.
-KEYS = {
-    "mode": one_of(*MODES),
-    "checkpoint": CHECKPOINT,
-    "heatmaps": integer(0),
-    "split": _with_null(one_of("validation", "test"), "validation for evaluate, for predict the test split where there is one"),
-    "seed": integer(0, 2**32 - 1),
-    "deterministic": FLAG,
-    "evaluation.bootstrap": integer(0),
-
-    "pipeline.batch_size": integer(1),
-    "pipeline.image_size": IMAGE_SIZE,
-    "pipeline.cache": one_of("none", "memory", "disk"),
-    "pipeline.image_table_mb": number(0),
-    "pipeline.source": one_of("files", "tfrecord"),
-    "pipeline.dtype": one_of("float32", "float16", "bfloat16"),
-    "pipeline.augment": FLAG,
-    "pipeline.random_resized_crop": CROP,
-    "pipeline.mixup_alpha": number(0),
-    "pipeline.cutmix_alpha": number(0),
-    "pipeline.shuffle_buffer": integer(1, null="as many as pipeline.shuffle_mb holds"),
-    "pipeline.shuffle_mb": number(0, low_open=True),
-    "pipeline.verify_images": FLAG,
-    "pipeline.service": SERVICE,
-    "pipeline.service_timeout": number(0, low_open=True, null="wait for the service's batches however long"),
-
-    "trainer.train_steps": integer(1),
-    "trainer.eval_every": integer(1),
-    "trainer.eval_steps": integer(1, null="the whole validation split"),
-    "trainer.eval_timeout": number(0, low_open=True, null="wait for the final step however long"),
-    "trainer.checkpoint_every": integer(1),
-    "trainer.keep_checkpoints": integer(1),
-    "trainer.checkpoint_input": FLAG,
-    "trainer.log_every": integer(1),
-    "trainer.steps_per_loop": integer(1, null="10 with a GPU or TPU, 1 on CPU alone"),
-    "trainer.fetch_ahead": _with_null(FLAG, "on with a GPU or TPU and one replica"),
-    "trainer.jit_compile": _with_null(FLAG, "XLA with a GPU and one replica, unless deterministic"),
-    "trainer.graph_optimizer": _with_null(Key(graph_optimizer.ALLOWED, graph_optimizer.accepts), graph_optimizer.NULL),
-    "trainer.max_nonfinite_steps": integer(1),
-    "trainer.clip_global_norm": number(0, low_open=True, null="no clipping"),
-    "trainer.accumulate_steps": integer(1),
-    "trainer.freeze": _with_null(REGEX, "every variable trains"),
-    "trainer.lr_multipliers": _with_null(MULTIPLIERS, "all at the learning rate"),
-    "trainer.keep_best": FLAG,
-    "trainer.best_metric": METRIC,
-    "trainer.best_mode": _with_null(one_of("max", "min"), "follows trainer.best_metric: min for loss, else max"),
-    "trainer.early_stopping.patience": integer(0, null="no early stopping"),
-    "trainer.early_stopping.min_delta": number(0),
-    "trainer.objective": one_of("last", "best"),
-    "sweep.pruner": _with_null(one_of("median", "hyperband"), "no pruning"),
-    "trainer.ema_decay": number(0, 1, high_open=True, null="no moving average"),
-    "trainer.profile_steps": PROFILE_STEPS,
-    "trainer.label_smoothing": number(0, 1, high_open=True),
-    "trainer.class_weights": _with_null(one_of("balanced"), "every example weighs 1"),
-    "trainer.optimizer": one_of("adam", "adamw", "sgd"),
-    "trainer.learning_rate": number(0, low_open=True),
-    "trainer.momentum": number(0, 1, high_open=True),
-    "trainer.weight_decay": number(0),
-    "trainer.schedule": one_of("constant", "cosine", "step"),
-    "trainer.warmup_steps": integer(0),
-    "trainer.decay_steps": integer(1),
-    "trainer.decay_rate": number(0, 1, low_open=True),
-    "trainer.init_checkpoint": _with_null(PATH, "no warm start"),
-    "trainer.init_exclude": _with_null(Key("a regular expression", lambda value: isinstance(value, str)), "none"),
-
-    "tfrecord.dir": PATH,
-    "tfrecord.encoding": one_of(*ENCODINGS),
-    "tfrecord.shard_mb": number(0, low_open=True),
-    "tfrecord.min_shards_per_worker": integer(1),
-    "tfrecord.cycle_length": integer(1),
-
-    "dataset.name": Names(TASKS),
-    "dataset.root": DATA_ROOT,
-    "dataset.flip": FLAG,
-    "dataset.normalize": one_of("unit_range", "per_image_standardization"),
-    "dataset.resize": one_of("resize", "crop_or_pad"),
-    "dataset.crop_fraction": number(0, 1, low_open=True, null="no crop"),
-    "dataset.max_skipped_fraction": number(0, 1),
-
-    "model.name": Names(BUILDERS),
-    "model.inputs": one_of(*INPUTS),
-
-    "strategy.name": one_of(*STRATEGY_KEYS),
-}
-
-# The type of each key that only some datasets or models have. Which ones have it is their lines' options
-# (TASKS in data/__init__.py, BUILDERS in models/__init__.py).
-OPTION_KEYS = {
-    "dataset.validation_fraction": number(0, 1, low_open=True, high_open=True),
-    "dataset.test_fraction": number(0, 1, high_open=True),
-    "dataset.eval_pairs": one_of("dev_test", "pairs"),
-    "dataset.fold": integer(0, 9, null="all ten folds"),
-
-    "model.batch_norm_momentum": number(0, 1),
-    "model.pretrained": _with_null(Key("imagenet or an existing .h5 file", lambda value: value == "imagenet" or (
-        isinstance(value, str) and value.endswith(".h5") and Path(value).expanduser().is_file())), "from scratch"),
-    "model.filters": integers(1, length=5),
-    "model.dense_units": integer(1),
-    "model.dropout": number(0, 1, high_open=True),
-    "model.merge": one_of(*MERGES),
-    "model.widths": integers(1),
-    "model.embedding_size": integer(1),
-    "model.head_units": integer(1),
-}
 
 
 def _keys(group, options) -> dict:
@@ -294,7 +49,8 @@ def _keys(group, options) -> dict:
 
 
 def _untyped(key) -> Key:
-    return Key(f"of a known type: experiments/schema.py declares none for {key} (OPTION_KEYS)", lambda value: False)
+    return Key(f"of a known type: experiments/config_keys.py declares none for {key} (a field of its group)",
+               lambda value: False)
 
 
 # ``single`` or ``pair``: what an example of a dataset is, and what a model takes, as their lines declare.
@@ -428,14 +184,6 @@ def unknown_override(message: str) -> str | None:
         keys.update(options)
     key, group = match["key"], match["key"].rpartition(".")[0]
     return f"{match['override']} is not a key of {group or 'the config'}; {_advice(key, keys)}"
-
-
-def _compiles(text) -> bool:
-    try:
-        re.compile(text)
-    except re.error:
-        return False
-    return True
 
 
 def _combinations(cfg) -> str | None:

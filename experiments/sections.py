@@ -139,7 +139,7 @@ def evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, not
                      eval_steps=settings.trainer.eval_steps, seed=pipeline.seed, input_fn=eval_input,
                      note_unreadable=note_unreadable, write=run_dir.chief, beside=beside,
                      chosen=settings.checkpoint if settings.mode == "evaluate" else None,
-                     bootstrap=settings.bootstrap, unit=TASKS.entries[task.SPEC.name].unit)
+                     bootstrap=settings.evaluation.bootstrap, unit=TASKS.entries[task.SPEC.name].unit)
 
 
 def close(summaries, evaluator, recipes, trainer):

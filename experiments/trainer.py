@@ -118,19 +118,15 @@ def build_model(settings, spec, image_size) -> keras.Model:
     try:
         return BUILDERS[settings.model.name](settings.model, spec, image_size)
     except (ValueError, MemoryError, tf.errors.ResourceExhaustedError) as error:
+        from tf_harness.experiments.config_keys import plain
         from tf_harness.experiments.schema import show
 
-        model = settings.model
-        keys = ", ".join(f"model.{key}={show(_plain(model[key]))}" for key in BUILDERS.options(model.name)
-                         if key in model)
+        model = plain(settings.model)  # the keys its config holds
+        keys = ", ".join(f"model.{key}={show(model[key])}" for key in BUILDERS.options(model["name"]) if key in model)
         shape = "x".join(map(str, (*image_size, spec.channels)))
-        raise ConfigError(f"model={model.name}{f' ({keys})' if keys else ''} cannot be built for "
-                          f"pipeline.image_size={show(_plain(settings.pipeline.image_size))} ({shape} images): "
+        raise ConfigError(f"model={model['name']}{f' ({keys})' if keys else ''} cannot be built for "
+                          f"pipeline.image_size={show(plain(settings.pipeline.image_size))} ({shape} images): "
                           f"{keras_reason(error)}") from None
-
-
-def _plain(value):
-    return list(value) if isinstance(value, tuple) else value
 
 
 # Keras wraps a layer's error in lines of its own: which layer was called, with which arguments, in ANSI bold.

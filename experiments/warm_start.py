@@ -74,7 +74,7 @@ def start(settings, model, latest) -> None:
     """Steps 2 and 3 of the resume policy for a training run (experiments/runner.py `Controller.resume`): with
     `latest`, the run's own checkpoint, trainer.init_checkpoint is ignored (logged); without, the model variables it
     holds that match are restored into `model` (the optimizer and the global step are left as they are, fresh)."""
-    init, pretrained = settings.trainer.get("init_checkpoint"), settings.model.get("pretrained")
+    init, pretrained = settings.trainer.init_checkpoint, settings.model.pretrained
     if latest:
         if init:
             log.info("trainer.init_checkpoint=%s is ignored: the run resumes from its own checkpoint %s", init, latest)
@@ -93,7 +93,7 @@ def check(settings, checkpoint_dir) -> None:
     """Before a run writes anything (experiments/runner.py `train`): raises ConfigError when a training run without a
     checkpoint of its own in `checkpoint_dir` would warm-start from a trainer.init_checkpoint that cannot be
     restored, or with a trainer.init_exclude that is no regular expression."""
-    init = settings.trainer.get("init_checkpoint")
+    init = settings.trainer.init_checkpoint
     if init and settings.mode in TRAINING_MODES and not checkpoints.on_disk(checkpoint_dir):
         _exclude(settings)
         stored_variables(resolve(init))
@@ -103,7 +103,7 @@ def check_fit(settings, checkpoint_dir, model) -> None:
     """Once the model is built, before the run writes anything: raises ConfigError when a warm start `check` lets
     through would restore none of `model`'s variables (none matches one of the checkpoint's by name and shape, or
     trainer.init_exclude leaves out every one that does)."""
-    init = settings.trainer.get("init_checkpoint")
+    init = settings.trainer.init_checkpoint
     if not init or settings.mode not in TRAINING_MODES or checkpoints.on_disk(checkpoint_dir):
         return
     prefix, exclude = resolve(init), _exclude(settings)
@@ -132,7 +132,7 @@ def _variables(model) -> list:
 
 
 def _exclude(settings):
-    exclude = settings.trainer.get("init_exclude")
+    exclude = settings.trainer.init_exclude
     try:
         re.compile(exclude or "")
     except re.error as error:

@@ -38,7 +38,7 @@ def build(model_settings, spec: DatasetSpec, image_size) -> keras.Model:
     Inputs are expected in [-1, 1], as the keras.applications ResNet-v2 models are.
     """
     height, width = image_size
-    pretrained = model_settings.get("pretrained")
+    pretrained = model_settings.pretrained
     if pretrained is None:
         backbone = _APPLICATIONS[model_settings.name](
             include_top=False, weights=None, input_shape=(height, width, spec.channels), pooling="avg")

@@ -288,7 +288,7 @@ def test_a_task_registered_only_in_tasks_is_known_to_the_schema(tmp_path, monkey
 @pytest.mark.parametrize("inputs, typed, problem", [
     # A new option needs its type in the schema.
     ("pair", False,
-     "dataset.threshold=0.5 is not of a known type: experiments/schema.py declares none for dataset.threshold"),
+     "dataset.threshold=0.5 is not of a known type: experiments/config_keys.py declares none for dataset.threshold"),
     ("pair", True, "model=semi_alexnet takes single images but dataset=toy gives pair images"),
     # A line the schema cannot use is an error naming what to write.
     ("pairs", True, "toy_*:Toy: inputs='pairs' is not one of single|pair"),
@@ -369,7 +369,7 @@ NOT_YET_READ = {}
 READ_BY_THE_SCHEMA = {"model.inputs": "a model that takes pairs fits only a dataset of pairs"}
 SOURCES = [PROJECT / "run.py", *[path for folder in ("data", "models", "experiments", "benchmarks")
                                  for path in sorted((PROJECT / folder).rglob("*.py"))
-                                 if path.name != "schema.py"]]  # the schema names every key, read or not
+                                 if path.name not in ("schema.py", "config_keys.py")]]  # they name every key
 
 
 def _read_in_code(key, sources):

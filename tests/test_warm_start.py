@@ -202,7 +202,8 @@ def test_the_plan_matches_by_name_and_shape_and_lists_every_variable_left_out():
 
 def test_the_runs_own_checkpoint_wins_and_the_init_checkpoint_is_logged_as_ignored(caplog):
     cfg = OmegaConf.create({"trainer": {"init_checkpoint": "/gone/run", "init_exclude": None},
-                            "model": {"name": "semi_alexnet"}, "dataset": {"normalize": "unit_range"}})
+                            "model": {"name": "semi_alexnet", "pretrained": None},  # None: a model without it
+                            "dataset": {"normalize": "unit_range"}})
     with caplog.at_level(logging.INFO, logger=warm_start.__name__):
         warm_start.start(cfg, model=None, latest="/run/checkpoints/ckpt-4")  # no model is touched, no path read
     [message] = caplog.messages

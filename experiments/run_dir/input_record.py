@@ -22,7 +22,7 @@ def input_signature(settings, replicas, saved) -> dict | None:
     """What shapes the training input iterator; None when checkpoints leave the iterator out (`saved` false)."""
     if not saved:
         return None
-    return {**{key: settings.select(key, None) for key in SIGNATURE_KEYS}, "replicas": int(replicas)}
+    return {**{key: settings.value(key) for key in SIGNATURE_KEYS}, "replicas": int(replicas)}
 
 
 def _input_records(checkpoint_dir, warn=False) -> list:

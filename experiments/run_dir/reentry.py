@@ -47,20 +47,19 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tf_harness.data.integrity import reading
+from tf_harness.experiments.config_keys import REENTRY, Reentry
 from tf_harness.experiments.schema import EVALUATION_MODES
 
 log = logging.getLogger(__name__)
 
 SAVED = Path(".hydra") / "config.yaml"
-# Keys the command line may change on re-entry (docs/run-directory.md); `strategy` is the whole group.
-RUN_CONTROL = ("mode", "trainer.train_steps", "trainer.eval_every", "trainer.eval_steps", "trainer.eval_timeout",
-               "trainer.checkpoint_every", "trainer.log_every", "trainer.steps_per_loop", "trainer.fetch_ahead",
-               "trainer.jit_compile", "trainer.graph_optimizer", "trainer.profile_steps", "dataset.root",
-               "pipeline.source", "pipeline.cache", "pipeline.service", "pipeline.service_timeout", "checkpoint",
-               "heatmaps", "split", "evaluation.bootstrap")
-# May change in these modes only: the checkpoint does not depend on them, but training's saved input
-# iterator depends on the batch size, and training holds the evaluation pairs' people out.
-EVALUATION_KEYS = ("pipeline.batch_size", "dataset.eval_pairs", "dataset.fold")
+# What the command line may change on re-entry (docs/run-directory.md), as experiments/config_keys.py declares each
+# key: run-control keys, and those that may change for the evaluation modes only (the checkpoint does not depend on
+# them, but training's saved input iterator depends on the batch size, and training holds the evaluation pairs'
+# people out). `strategy` is a group chosen whole (strategy=mirrored): its keys go with the choice, and are left out.
+RUN_CONTROL = tuple(key for key, rule in REENTRY.items()
+                    if rule is Reentry.RUN_CONTROL and not key.startswith("strategy."))
+EVALUATION_KEYS = tuple(key for key, rule in REENTRY.items() if rule is Reentry.EVALUATION)
 
 
 def _grouped(keys) -> str:
@@ -72,7 +71,7 @@ def _grouped(keys) -> str:
     return ", ".join(f"{group}.{'|'.join(names)}" if group else "|".join(names) for group, names in groups.items())
 
 
-# What a refused re-entry says may change, in words: the three lists above and the strategy group.
+# What a refused re-entry says may change, in words: the two lists above and the strategy group.
 ALLOWED = (f"{_grouped(RUN_CONTROL)}, strategy and (for mode={'|'.join(EVALUATION_MODES)}) "
            f"{_grouped(EVALUATION_KEYS)}")
 
@@ -289,9 +288,9 @@ def value_of(cfg, key):
 
 
 def _allowed(key, mode) -> bool:
-    if key == "strategy" or key.startswith("strategy.") or key in RUN_CONTROL:
-        return True
-    return key in EVALUATION_KEYS and mode in EVALUATION_MODES
+    """Whether re-entry may change `key` in `mode`, by its declared rule (`strategy`: the group's choice)."""
+    rule = Reentry.RUN_CONTROL if key == "strategy" else REENTRY.get(key, Reentry.FIXED)
+    return rule is Reentry.RUN_CONTROL or (rule is Reentry.EVALUATION and mode in EVALUATION_MODES)
 
 
 def compose(cfg, run_dir, overrides, choices, saved_choices=None):

@@ -15,12 +15,13 @@ imports TensorFlow.
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from tf_harness.data.integrity import locks
+from tf_harness.data.integrity import locks, reading
 from tf_harness.experiments.run_dir.reentry import RUN_CONTROL
 
 LOCK_NAME = ".sweep-lock"
@@ -39,14 +40,17 @@ class SweepFolder:
 
     @classmethod
     def claim(cls, path: Path, overrides) -> "SweepFolder":
-        """Takes `path` for a sweep run with the command line `overrides`; raises SystemExit(2) after one line on
-        stderr when another sweep holds it or made it (a callback's other exceptions Hydra only warns of)."""
+        """Takes `path` for a sweep run with the command line `overrides`; raises SystemExit after one line on
+        stderr (a callback's other exceptions Hydra only warns of): 2 when another sweep holds it or made it, 1 when
+        a named pipe, socket or device stands in place of its lock or its multirun.yaml."""
         try:
             return cls.take(path, overrides)
         except Refused as error:
-            import sys
             print(f"config error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
+        except reading.SpecialFileError as error:  # before Hydra opens multirun.yaml to write it, and waits
+            print(f"error: {error}; the sweep keeps its own file there: move it away", file=sys.stderr)
+            raise SystemExit(1) from None
 
     @classmethod
     def take(cls, path: Path, overrides) -> "SweepFolder":
@@ -104,10 +108,13 @@ def _by_key(overrides) -> dict:
 
 
 def _recorded_overrides(path: Path):
-    """The task overrides recorded in the sweep's multirun.yaml, or None where it is missing or unreadable."""
+    """The task overrides recorded in the sweep's multirun.yaml, or None where it is missing or unreadable;
+    SpecialFileError where a named pipe, socket or device stands there."""
     try:
-        record = yaml.safe_load(path.read_text())
+        record = yaml.safe_load(reading.read_text(path))
         overrides = record["hydra"]["overrides"]["task"]
+    except reading.SpecialFileError:
+        raise
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
         return None
     return overrides if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides) else None
@@ -115,7 +122,7 @@ def _recorded_overrides(path: Path):
 
 def _holder(path: Path) -> dict:
     try:
-        record = json.loads(path.read_text() or "{}")
+        record = json.loads(reading.read_text(path) or "{}")
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}

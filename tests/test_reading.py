@@ -181,3 +181,46 @@ def test_metrics_jsonl_a_named_pipe_is_refused_not_waited_on(tmp_path):
     outcome, error = within(metrics_history.append, tmp_path, {"global_step": 1})
     assert outcome == "error" and isinstance(error, reading.SpecialFileError), (outcome, error)
     assert within(metrics_history.read, tmp_path) == ("value", [])
+
+
+def _unblock(path):
+    """Lets an open of the named pipe `path` that waits for a writer return (a failing test's thread then ends)."""
+    os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize("name", [".hydra/config.yaml", "predictions.csv"])
+def test_compare_refuses_a_named_pipe_in_a_runs_place_in_one_line(tmp_path, name):
+    from tf_harness.experiments import compare
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text("dataset:\n  name: lfw_pairs\n")
+    (tmp_path / name).unlink(missing_ok=True)
+    os.mkfifo(tmp_path / name)
+    outcome, error = within(compare.read_run, tmp_path, "test")
+    if outcome == "blocked":
+        _unblock(tmp_path / name)
+    assert outcome == "error" and isinstance(error, compare.Refused), (outcome, error)
+    assert f"{tmp_path / name} cannot be read (is a named pipe" in str(error)
+
+
+@pytest.mark.parametrize("name", ["multirun.yaml", ".sweep-lock"])
+def test_a_named_pipe_in_a_sweep_folders_record_or_lock_is_one_line_before_hydra_writes(tmp_path, capsys, name):
+    from tf_harness.experiments.sweep_folder import SweepFolder
+
+    os.mkfifo(tmp_path / name)
+    outcome, error = within(SweepFolder.claim, tmp_path, ["seed=1,2"])
+    if outcome == "blocked":
+        _unblock(tmp_path / name)
+    assert outcome == "error" and isinstance(error, SystemExit) and error.code == 1, (outcome, error)
+    printed = capsys.readouterr().err
+    assert printed.count("\n") == 1 and printed.startswith(f"error: {tmp_path / name} is a named pipe"), printed
+
+
+def test_the_pruned_note_leaves_a_named_pipe_in_place_of_metrics_json_unread(tmp_path):
+    from tf_harness.experiments.pruning import Pruning
+
+    os.mkfifo(tmp_path / "metrics.json")
+    outcome, error = within(Pruning(None, None, None, tmp_path, True)._note, 3)
+    if outcome == "blocked":
+        _unblock(tmp_path / "metrics.json")
+    assert (outcome, error) == ("value", None)

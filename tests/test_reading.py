@@ -3,6 +3,7 @@ line naming the path and what it is, at once, never a wait; and the run director
 named (checkpoints/checkpoint, metrics.json, .lock) go through it."""
 import logging
 import os
+import re
 import socket
 import threading
 
@@ -10,6 +11,7 @@ import pytest
 
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.integrity import locks, pickle_cache, reading
+from tests.conftest import PROJECT
 
 SECONDS = 10  # a refusal is at once; a call that blocks on the pipe runs into this bound instead of hanging the suite
 
@@ -224,3 +226,19 @@ def test_the_pruned_note_leaves_a_named_pipe_in_place_of_metrics_json_unread(tmp
     if outcome == "blocked":
         _unblock(tmp_path / "metrics.json")
     assert (outcome, error) == ("value", None)
+
+
+# A read by path past the door: pathlib's, OmegaConf's, pandas', json's and numpy's loaders, a bare `open` to read.
+PAST_THE_DOOR = re.compile(r"\.read_(?:text|bytes)\(\)|OmegaConf\.load\(|pd\.read_csv\((?!file\b)|json\.load\(|"
+                           r"np\.load\(|(?<![\w.])open\([^,()]+(?:,\s*[\"']r[bt]?[\"'])?\)")
+
+
+def test_no_module_of_the_project_reads_a_file_past_the_door():
+    """Every file the project's code opens by its path to read goes through data/integrity/reading.py; writes,
+    and reads of what is already open, are not matched."""
+    sources = [PROJECT / "run.py", PROJECT / "compare.py"]
+    sources += [path for folder in ("experiments", "data", "models") for path in sorted((PROJECT / folder).rglob("*.py"))
+                if "integrity" not in path.parts]
+    found = [f"{path.relative_to(PROJECT)}:{number}: {line.strip()}" for path in sources
+             for number, line in enumerate(path.read_text().splitlines(), 1) if PAST_THE_DOOR.search(line)]
+    assert not found, "\n".join(found)

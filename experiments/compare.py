@@ -148,5 +148,8 @@ def main(argv=None) -> int:
     except Refused as refused:
         print(f"compare: {refused}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C mid-bootstrap; SIGTERM's default action ends it with 143
+        print("compare: interrupted by SIGINT; nothing was written", file=sys.stderr)
+        return 130
     print(_text(rows, header))
     return 0

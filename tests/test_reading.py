@@ -242,3 +242,15 @@ def test_no_module_of_the_project_reads_a_file_past_the_door():
     found = [f"{path.relative_to(PROJECT)}:{number}: {line.strip()}" for path in sources
              for number, line in enumerate(path.read_text().splitlines(), 1) if PAST_THE_DOOR.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_a_named_pipe_in_place_of_a_sqlite_study_is_one_line(tmp_path):
+    import optuna  # noqa: F401  imported before the bound, which is for the wait alone
+    from tf_harness.experiments import study
+
+    os.mkfifo(tmp_path / "optuna.db")
+    outcome, error = within(study.open_storage, f"sqlite:///{tmp_path / 'optuna.db'}")
+    if outcome == "blocked":
+        _unblock(tmp_path / "optuna.db")
+    assert outcome == "error" and isinstance(error, study.StorageError), (outcome, error)
+    assert f"{tmp_path / 'optuna.db'} is a named pipe" in str(error) and "\n" not in str(error)

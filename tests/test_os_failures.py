@@ -65,6 +65,10 @@ def test_tensorflow_and_python_wordings_become_one_line():
     assert os_errors.describe(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), "/run/metrics.json")) == (
         "Is a directory: /run/metrics.json; a folder stands where a file must be; move it, or choose another "
         "hydra.run.dir (or HARNESS_CACHE)")
+    # A file grown past the limit on one file's size (ulimit -f; Python ignores SIGXFSZ, so a write fails).
+    assert os_errors.describe(OSError(errno.EFBIG, os.strerror(errno.EFBIG), "/cache/manifest.json")) == (
+        "File too large: /cache/manifest.json; raise the limit on a file's size (ulimit -f), then run the same "
+        "command again")
     assert os_errors.describe(FileNotFoundError(errno.ENOENT, "No such file", "/x")) is None  # not expected: a bug
     assert os_errors.describe(ValueError("No space left on device")) is None
 

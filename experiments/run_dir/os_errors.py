@@ -21,6 +21,7 @@ import re
 ADVICE = {
     errno.ENOSPC: "free some space, then run the same command again: it resumes from the newest complete checkpoint",
     errno.EDQUOT: "free some space, then run the same command again: it resumes from the newest complete checkpoint",
+    errno.EFBIG: "raise the limit on a file's size (ulimit -f), then run the same command again",
     errno.EROFS: "make it writable, or choose another hydra.run.dir (or HARNESS_CACHE for the cache)",
     errno.EACCES: "make it writable, or choose another hydra.run.dir (or HARNESS_CACHE for the cache)",
     errno.EPERM: "make it writable, or choose another hydra.run.dir (or HARNESS_CACHE for the cache)",

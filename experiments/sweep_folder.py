@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from tf_harness.data.integrity import locks, reading
+from tf_harness.experiments.run_dir import os_errors
 from tf_harness.experiments.run_dir.reentry import RUN_CONTROL
 
 LOCK_NAME = ".sweep-lock"
@@ -42,14 +43,16 @@ class SweepFolder:
     def claim(cls, path: Path, overrides) -> "SweepFolder":
         """Takes `path` for a sweep run with the command line `overrides`; raises SystemExit after one line on
         stderr (a callback's other exceptions Hydra only warns of): 2 when another sweep holds it or made it, 1 when
-        a named pipe, socket or device stands in place of its lock or its multirun.yaml."""
+        the folder or its lock cannot be made or opened, or a folder, named pipe, socket or device stands in place
+        of its lock or its multirun.yaml."""
         try:
             return cls.take(path, overrides)
         except Refused as error:
             print(f"config error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
-        except reading.SpecialFileError as error:  # before Hydra opens multirun.yaml to write it, and waits
-            print(f"error: {error}; the sweep keeps its own file there: move it away", file=sys.stderr)
+        except OSError as error:  # before Hydra opens multirun.yaml to write it, and waits or fails
+            line = os_errors.describe(error) or f"{error}; the sweep keeps its own file there: move it away"
+            print(f"error: {line}", file=sys.stderr)
             raise SystemExit(1) from None
 
     @classmethod
@@ -109,12 +112,12 @@ def _by_key(overrides) -> dict:
 
 def _recorded_overrides(path: Path):
     """The task overrides recorded in the sweep's multirun.yaml, or None where it is missing or unreadable;
-    SpecialFileError where a named pipe, socket or device stands there."""
+    SpecialFileError or IsADirectoryError where a named pipe, socket, device or folder stands there."""
     try:
         record = yaml.safe_load(reading.read_text(path))
         overrides = record["hydra"]["overrides"]["task"]
-    except reading.SpecialFileError:
-        raise
+    except (reading.SpecialFileError, IsADirectoryError):
+        raise  # Hydra could not write the record there either
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
         return None
     return overrides if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides) else None

@@ -446,7 +446,7 @@ def _combinations(cfg) -> str | None:
     if cfg.pipeline.service and cfg.pipeline.cache != "none":
         return (f"pipeline.cache={cfg.pipeline.cache} does not go with pipeline.service={cfg.pipeline.service}: "
                 f"a cache would sit on each service worker, partial; use one or the other")
-    inert = _inert(cfg)
+    inert = _inert(cfg) or _past_the_end(cfg)
     if inert:
         return inert
     wanted = dataset_inputs(cfg.dataset.name)
@@ -474,6 +474,21 @@ def _inert(cfg) -> str | None:
         if chosen != value and setting != defaults[key.partition(".")[2]]:
             return (f"{key}={show(setting)} acts only with {option}={value}, and {option}={chosen} ignores it; "
                     f"choose {option}={value}, or leave {key} at its default ({show(defaults[key.partition('.')[2]])})")
+    return None
+
+
+def _past_the_end(cfg) -> str | None:
+    """A step the run never reaches, so that its setting would change nothing: the end of a cosine warm-up, or a
+    profile's first step, at or past trainer.train_steps."""
+    trainer = cfg.trainer
+    steps = {"trainer.warmup_steps": (trainer.warmup_steps if trainer.schedule == "cosine" else 0,
+                                      "the learning rate would never leave its warm-up"),
+             "trainer.profile_steps": (trainer.profile_steps[0] if trainer.profile_steps else 0,
+                                       "no step would be traced")}
+    for key, (step, what) in steps.items():
+        if step and step >= trainer.train_steps:
+            return (f"{key}={show(OmegaConf.select(cfg, key))} reaches global step {step}, at or past "
+                    f"trainer.train_steps={trainer.train_steps}: {what}; make it smaller, or train longer")
     return None
 
 

@@ -9,7 +9,8 @@
   whole, so no job of it re-enters, and rewrites the records of, a job that sweep ran. A folder whose
   multirun.yaml is gone or unreadable owns no command line, and each job's own re-entry check stands.
 
-A refusal is one `config error` line (exit 2), naming the folder and what tells the sweeps apart. Nothing here
+A refusal is one `config error` line (exit 2), naming the folder and what tells the sweeps apart; a lock or record
+that cannot be opened as a file (a folder or named pipe in its place) is one `error` line (exit 1). Nothing here
 imports TensorFlow.
 """
 import json

@@ -163,7 +163,10 @@ def _failed(line, status, job, ran=True, discard=None) -> Outcome:
 
 def _resumable(run_dir) -> bool:
     """Whether `run_dir` holds a checkpoint that the same command resumes from (the advice on a full disk)."""
-    return run_dir is not None and any((Path(run_dir) / "checkpoints").glob("ckpt-*.index"))
+    try:
+        return run_dir is not None and any((Path(run_dir) / "checkpoints").glob("ckpt-*.index"))
+    except OSError:  # out of file handles, say: the line for the failure being reported stands
+        return False
 
 
 def job(task, cfg, actions=()) -> Outcome:

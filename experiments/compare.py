@@ -17,6 +17,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from tf_harness.data import TASKS
+from tf_harness.data.integrity import reading
 from tf_harness.experiments import intervals, metrics
 
 PREDICTIONS = "predictions.csv"
@@ -42,20 +43,27 @@ def read_run(run_dir: Path, split: str):
     """(dataset name, predictions) of a run directory whose predictions.csv is of `split`."""
     saved = run_dir / SAVED
     try:
-        dataset = OmegaConf.load(saved).dataset.name
+        dataset = OmegaConf.create(reading.read_text(saved)).dataset.name
     except Exception as error:  # noqa: BLE001  any unreadable or foreign file is one line
-        raise Refused(f"{saved} cannot be read ({type(error).__name__}); is {run_dir} a run directory?") from None
+        raise Refused(f"{saved} cannot be read ({_why(error)}); is {run_dir} a run directory?") from None
     path = run_dir / PREDICTIONS
     try:
-        predictions = pd.read_csv(path)
+        with reading.open_file(path, "r") as file:
+            predictions = pd.read_csv(file)
     except (OSError, ValueError) as error:
-        raise Refused(f"{path} cannot be read ({type(error).__name__}); write it with `python run.py "
+        raise Refused(f"{path} cannot be read ({_why(error)}); write it with `python run.py "
                       f"hydra.run.dir={run_dir} mode=predict split={split}`") from None
     held = sorted(set(predictions["split"])) if "split" in predictions else ["unknown (an older predictions.csv)"]
     if held != [split]:
         raise Refused(f"{path} holds the {'|'.join(held)} split, not {split}; write it with `python run.py "
                       f"hydra.run.dir={run_dir} mode=predict split={split}`")
     return dataset, predictions
+
+
+def _why(error) -> str:
+    """What kept a file from being read, in a few words: the OS's (`is a named pipe, not a regular file`, `Is a
+    directory`) or the error's name."""
+    return getattr(error, "strerror", None) or type(error).__name__
 
 
 def _columns(predictions, class_names):
@@ -140,5 +148,8 @@ def main(argv=None) -> int:
     except Refused as refused:
         print(f"compare: {refused}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C mid-bootstrap; SIGTERM's default action ends it with 143
+        print("compare: interrupted by SIGINT; nothing was written", file=sys.stderr)
+        return 130
     print(_text(rows, header))
     return 0

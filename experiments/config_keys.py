@@ -213,7 +213,7 @@ STRATEGIES = {"auto": (), "one_device": (), "mirrored": ("logical_cpus",), "mult
 
 @dataclass(frozen=True, kw_only=True)
 class Evaluation:
-    """evaluation.*: the 95% intervals of each evaluation's record (conf/config.yaml)."""
+    """evaluation.*: the bootstrap intervals of each evaluation's record (conf/config.yaml)."""
 
     bootstrap: int = key(integer(0), RUN_CONTROL)
 

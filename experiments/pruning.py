@@ -15,6 +15,7 @@ import logging
 import math
 from pathlib import Path
 
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.experiments.run_dir import interrupts
 
@@ -75,7 +76,7 @@ class Pruning:
         """metrics.json, holding the evaluation at `step`, records that the pruner stopped the run there."""
         path = self._model_dir / "metrics.json"
         try:
-            values = json.loads(path.read_text())
+            values = json.loads(reading.read_text(path))
         except (OSError, ValueError):
             return
         if not self._chief or not isinstance(values, dict) or values.get("global_step") != step:

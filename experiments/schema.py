@@ -194,12 +194,50 @@ def _combinations(cfg) -> str | None:
     if cfg.pipeline.service and cfg.pipeline.cache != "none":
         return (f"pipeline.cache={cfg.pipeline.cache} does not go with pipeline.service={cfg.pipeline.service}: "
                 f"a cache would sit on each service worker, partial; use one or the other")
+    inert = _inert(cfg) or _past_the_end(cfg)
+    if inert:
+        return inert
     wanted = dataset_inputs(cfg.dataset.name)
     if cfg.model.inputs != wanted:  # the model's own inputs: model_keys checked it
         fitting = sorted(name for name in BUILDERS if model_inputs(name) == wanted)
         return (f"model={cfg.model.name} takes {cfg.model.inputs} images but dataset={cfg.dataset.name} gives "
                 f"{wanted} images; choose one of {'|'.join(fitting)}")
     return _too_small(cfg)
+
+
+# Keys that act under one value of another key alone ("sgd only" in conf/trainer/default.yaml): set away from their
+# default under any other value, they would change nothing, and nothing would say so.
+ONLY_UNDER = {"trainer.momentum": ("trainer.optimizer", "sgd"), "trainer.weight_decay": ("trainer.optimizer", "adamw"),
+              "trainer.warmup_steps": ("trainer.schedule", "cosine"),
+              "trainer.decay_steps": ("trainer.schedule", "step"), "trainer.decay_rate": ("trainer.schedule", "step")}
+
+
+def _inert(cfg) -> str | None:
+    """A key of ONLY_UNDER set away from its default (conf/trainer/default.yaml) where its option is not chosen."""
+    from tf_harness.data.integrity import reading
+
+    defaults = OmegaConf.create(reading.read_text(Path(__file__).parents[1] / "conf" / "trainer" / "default.yaml"))
+    for key, (option, value) in ONLY_UNDER.items():
+        setting, chosen = OmegaConf.select(cfg, key), OmegaConf.select(cfg, option)
+        if chosen != value and setting != defaults[key.partition(".")[2]]:
+            return (f"{key}={show(setting)} acts only with {option}={value}, and {option}={chosen} ignores it; "
+                    f"choose {option}={value}, or leave {key} at its default ({show(defaults[key.partition('.')[2]])})")
+    return None
+
+
+def _past_the_end(cfg) -> str | None:
+    """A step the run never reaches, so that its setting would change nothing: the end of a cosine warm-up, or a
+    profile's first step, at or past trainer.train_steps."""
+    trainer = cfg.trainer
+    steps = {"trainer.warmup_steps": (trainer.warmup_steps if trainer.schedule == "cosine" else 0,
+                                      "the learning rate would never leave its warm-up"),
+             "trainer.profile_steps": (trainer.profile_steps[0] if trainer.profile_steps else 0,
+                                       "no step would be traced")}
+    for key, (step, what) in steps.items():
+        if step and step >= trainer.train_steps:
+            return (f"{key}={show(OmegaConf.select(cfg, key))} reaches global step {step}, at or past "
+                    f"trainer.train_steps={trainer.train_steps}: {what}; make it smaller, or train longer")
+    return None
 
 
 def _too_small(cfg) -> str | None:

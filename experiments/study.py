@@ -17,7 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tf_harness.data.integrity import reading
+
 log = logging.getLogger(__name__)
+SQLITE = "sqlite:///"
 # Where the harness's sweeper (experiments/plugins/) keeps each trial's run directory, among the trial's user attrs.
 RUN_DIR_ATTR = "run_dir"
 # Tries at making a storage's tables: each process that loses a race to make them tries again (four processes
@@ -32,9 +35,8 @@ class StorageError(Exception):
 def absolute(url: str) -> str:
     """`url`, a SQLite file's relative path made absolute (from the working directory), so that every process of
     the sweep, whatever its working directory later, opens the same file."""
-    prefix = "sqlite:///"
-    if url.startswith(prefix) and not url[len(prefix):].startswith("/") and url[len(prefix):] not in ("", ":memory:"):
-        return prefix + str(Path(url[len(prefix):]).absolute())
+    if url.startswith(SQLITE) and not url[len(SQLITE):].startswith("/") and url[len(SQLITE):] not in ("", ":memory:"):
+        return SQLITE + str(Path(url[len(SQLITE):]).absolute())
     return url
 
 
@@ -57,6 +59,8 @@ def open_storage(url: str):
     url = absolute(url)
     made = _sqlite_parts_missing(url)
     try:
+        if url.startswith(SQLITE):
+            reading.check(url[len(SQLITE):])  # SQLite would wait on a named pipe for ever
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 return optuna.storages.RDBStorage(url)
@@ -97,9 +101,9 @@ def refusal(url: str, error: BaseException) -> str:
 
 def _sqlite_parts_missing(url: str) -> list:
     """The SQLite file of `url` and the folders above it that do not exist yet, deepest first ([] otherwise)."""
-    if not url.startswith("sqlite:///"):
+    if not url.startswith(SQLITE):
         return []
-    path = Path(url[len("sqlite:///"):])
+    path = Path(url[len(SQLITE):])
     missing = []
     while not path.exists() and path != path.parent:
         missing.append(path)

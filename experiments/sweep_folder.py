@@ -9,18 +9,21 @@
   whole, so no job of it re-enters, and rewrites the records of, a job that sweep ran. A folder whose
   multirun.yaml is gone or unreadable owns no command line, and each job's own re-entry check stands.
 
-A refusal is one `config error` line (exit 2), naming the folder and what tells the sweeps apart. Nothing here
+A refusal is one `config error` line (exit 2), naming the folder and what tells the sweeps apart; a lock or record
+that cannot be opened as a file (a folder or named pipe in its place) is one `error` line (exit 1). Nothing here
 imports TensorFlow.
 """
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from tf_harness.data.integrity import locks
+from tf_harness.data.integrity import locks, reading
+from tf_harness.experiments.run_dir import os_errors
 from tf_harness.experiments.run_dir.reentry import RUN_CONTROL
 
 LOCK_NAME = ".sweep-lock"
@@ -39,14 +42,19 @@ class SweepFolder:
 
     @classmethod
     def claim(cls, path: Path, overrides) -> "SweepFolder":
-        """Takes `path` for a sweep run with the command line `overrides`; raises SystemExit(2) after one line on
-        stderr when another sweep holds it or made it (a callback's other exceptions Hydra only warns of)."""
+        """Takes `path` for a sweep run with the command line `overrides`; raises SystemExit after one line on
+        stderr (a callback's other exceptions Hydra only warns of): 2 when another sweep holds it or made it, 1 when
+        the folder or its lock cannot be made or opened, or a folder, named pipe, socket or device stands in place
+        of its lock or its multirun.yaml."""
         try:
             return cls.take(path, overrides)
         except Refused as error:
-            import sys
             print(f"config error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
+        except OSError as error:  # before Hydra opens multirun.yaml to write it, and waits or fails
+            line = os_errors.describe(error) or f"{error}; the sweep keeps its own file there: move it away"
+            print(f"error: {line}", file=sys.stderr)
+            raise SystemExit(1) from None
 
     @classmethod
     def take(cls, path: Path, overrides) -> "SweepFolder":
@@ -104,10 +112,13 @@ def _by_key(overrides) -> dict:
 
 
 def _recorded_overrides(path: Path):
-    """The task overrides recorded in the sweep's multirun.yaml, or None where it is missing or unreadable."""
+    """The task overrides recorded in the sweep's multirun.yaml, or None where it is missing or unreadable;
+    SpecialFileError or IsADirectoryError where a named pipe, socket, device or folder stands there."""
     try:
-        record = yaml.safe_load(path.read_text())
+        record = yaml.safe_load(reading.read_text(path))
         overrides = record["hydra"]["overrides"]["task"]
+    except (reading.SpecialFileError, IsADirectoryError):
+        raise  # Hydra could not write the record there either
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
         return None
     return overrides if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides) else None
@@ -115,7 +126,7 @@ def _recorded_overrides(path: Path):
 
 def _holder(path: Path) -> dict:
     try:
-        record = json.loads(path.read_text() or "{}")
+        record = json.loads(reading.read_text(path) or "{}")
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}

@@ -60,13 +60,13 @@ def machine() -> str:
     not from TensorFlow: listing its devices would read TF_XLA_FLAGS before `enable` has set them."""
     parts = [platform.machine()]
     try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
+        cpuinfo = reading.read_text("/proc/cpuinfo")
         parts += [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
                   if line.startswith(("model name", "flags"))][:2]
     except OSError:
         parts.append(platform.processor())
     for gpu in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        parts += [line for line in gpu.read_text().splitlines() if line.startswith("Model:")]
+        parts += [line for line in reading.read_text(gpu).splitlines() if line.startswith("Model:")]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 

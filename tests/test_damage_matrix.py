@@ -55,8 +55,6 @@ TRAINED_TO, MORE = 4, 6
 COMMANDS = {"train": (f"trainer.train_steps={MORE}",), "evaluate": ("mode=evaluate",), "export": ("mode=export",)}
 TRAINING_COMMANDS = ("train", "evaluate")  # what every case is re-entered with; an export's cases, with mode=export
 DAMAGES = ("delete", "empty", "garble", "pipe")
-# The sweep folder's table (docs/sweeps-and-review.md) keeps the first three.
-SWEEP_DAMAGES = DAMAGES[:3]
 # A case that runs longer is stopped (SIGALRM) and counted a hang: a named pipe read without care waits for ever.
 CASE_SECONDS = 300
 # What a re-entry may change in a run directory it refuses: run.log (appended) and its own .hydra/reentry-*/.
@@ -385,7 +383,7 @@ def test_the_docs_table_is_what_was_observed(observed):
 # A sweep folder: what the sweep itself keeps beside its jobs' run directories (the rows above cover those), damaged
 # the same ways, and the same sweep run again into it. It reports each job truthfully or exits with one line.
 SWEEP = ("-m", *TINY, "trainer.train_steps=2", "seed=1,2")
-SWEEP_OWN = re.compile(r"^(multirun\.yaml|\d+/(job_outcome|metrics)\.json|\d+/)$")
+SWEEP_OWN = re.compile(r"^(multirun\.yaml|\.sweep-lock|\d+/(job_outcome|metrics)\.json|\d+/)$")
 SUMMARY = re.compile(r"^(\d+) jobs? ran, (\d+) failed; best (\S+) (\d\.\d{4}) (?:\[\d\.\d{4}, \d\.\d{4}\] \(95% bootstrap "
                      r"over [^)]+\)|\(no interval: [^)]+\)) in job (\d+)(?: \((.*)\))?: (.+)$")
 JOB_CHECKPOINT_FILE = re.compile(r"^\d+/checkpoints/ckpt-\d+\.(index|data-\d+-of-\d+)$")
@@ -407,7 +405,7 @@ def sweep_cases_of(folder) -> list:
     for path in sorted(Path(folder).rglob("*")):
         relative = path.relative_to(folder).as_posix() + ("/" if path.is_dir() else "")
         if SWEEP_OWN.match(relative):
-            cases += [((relative,), how) for how in (SWEEP_DAMAGES[:2] if path.is_dir() else SWEEP_DAMAGES)]
+            cases += [((relative,), how) for how in (DAMAGES[:2] if path.is_dir() else DAMAGES)]
     return cases
 
 
@@ -419,6 +417,8 @@ def truthful(folder, line) -> str | None:
     metric, value, best = match.group(3), float(match.group(4)), int(match.group(5))
     values = {}
     for job in sorted(path for path in Path(folder).iterdir() if path.name.isdigit()):
+        if (job / "metrics.json").is_fifo():  # never opened: it would wait
+            return f"job {job.name}'s metrics.json is left a named pipe"
         try:
             values[int(job.name)] = json.loads((job / "metrics.json").read_text())[metric]
         except (OSError, ValueError, KeyError) as error:
@@ -441,7 +441,8 @@ def run_sweep_case(server, base, work, targets, how):
     after = hashes(folder)
     lines = stderr.strip().splitlines()
     last = lines[-1] if lines else ""
-    problems = ["a traceback on stderr"] if "Traceback" in stderr else []
+    problems = [f"it hung: stopped after {CASE_SECONDS} s"] if status == -signal.SIGALRM else []
+    problems += ["a traceback on stderr"] if "Traceback" in stderr else []
     problems += [f"{path} {'is gone' if path not in after else 'changed'}" for path, digest in intact.items()
                  if JOB_CHECKPOINT_FILE.match(path) and path not in touched and after.get(path) != digest]
     if status == 0:
@@ -452,7 +453,7 @@ def run_sweep_case(server, base, work, targets, how):
     else:
         if not re.match(r"^(config )?error: ", last):
             problems.append(f"exit {status} without an error line (last: {last[:200]!r})")
-        outcome = f"exit {status}: {last[:80]}"
+        outcome = f"exit {status}: {short_reason(last)}"
     return {"targets": list(targets), "how": how, "status": status, "outcome": outcome, "problems": problems,
             "cpu": round(cpu, 1), "case": str(case), "last_line": last}
 
@@ -505,7 +506,7 @@ def single_table(results, name=lambda target: target, damages=DAMAGES) -> str:
 
 def sweep_table(results) -> str:
     """docs/sweeps-and-review.md's table: a row per file or folder of the sweep, a column per damage."""
-    return single_table(results, damages=SWEEP_DAMAGES)
+    return single_table(results)
 
 
 def test_every_damage_to_a_sweep_folder_ends_in_a_true_report_or_one_line(sweep_observed):

@@ -59,6 +59,12 @@ def test_tensorflow_and_python_wordings_become_one_line():
     assert "/" not in line and "CreateSummaryFileWriter" not in line
     assert_names(os_errors.describe(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), "/run/metrics.json")),
                  "Is a directory: /run/metrics.json", "hydra.run.dir", "HARNESS_CACHE")
+    # A want of a resource is named as such: a file grown past the limit on one file's size (ulimit -f; Python
+    # ignores SIGXFSZ, so a write fails), no file handle left.
+    for number, what in ((errno.EFBIG, "out of room under the file size limit (ulimit -f)"),
+                         (errno.EMFILE, "out of file handles")):
+        line = os_errors.describe(OSError(number, os.strerror(number), "/run/checkpoints"))
+        assert line.startswith(what) and "/run/checkpoints" in line, line
     assert os_errors.describe(FileNotFoundError(errno.ENOENT, "No such file", "/x")) is None  # not expected: a bug
     assert os_errors.describe(ValueError("No space left on device")) is None
 

@@ -3,6 +3,7 @@ line naming the path and what it is, at once, never a wait; and the run director
 named (checkpoints/checkpoint, metrics.json, .lock) go through it."""
 import logging
 import os
+import re
 import socket
 import threading
 
@@ -10,6 +11,7 @@ import pytest
 
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.integrity import locks, pickle_cache, reading
+from tests.conftest import PROJECT
 from tests.refusals import assert_names, raises_naming
 
 SECONDS = 10  # a refusal is at once; a call that blocks on the pipe runs into this bound instead of hanging the suite
@@ -180,3 +182,78 @@ def test_metrics_jsonl_a_named_pipe_is_refused_not_waited_on(tmp_path):
     outcome, error = within(metrics_history.append, tmp_path, {"global_step": 1})
     assert outcome == "error" and isinstance(error, reading.SpecialFileError), (outcome, error)
     assert within(metrics_history.read, tmp_path) == ("value", [])
+
+
+def _unblock(path):
+    """Lets an open of the named pipe `path` that waits for a writer return (a failing test's thread then ends)."""
+    os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize("name", [".hydra/config.yaml", "predictions.csv"])
+def test_compare_refuses_a_named_pipe_in_a_runs_place_in_one_line(tmp_path, name):
+    from tf_harness.experiments import compare
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text("dataset:\n  name: lfw_pairs\n")
+    (tmp_path / name).unlink(missing_ok=True)
+    os.mkfifo(tmp_path / name)
+    outcome, error = within(compare.read_run, tmp_path, "test")
+    if outcome == "blocked":
+        _unblock(tmp_path / name)
+    assert outcome == "error" and isinstance(error, compare.Refused), (outcome, error)
+    assert f"{tmp_path / name} cannot be read (is a named pipe" in str(error)
+
+
+@pytest.mark.parametrize("name", ["multirun.yaml", ".sweep-lock"])
+@pytest.mark.parametrize("make, said", [(os.mkfifo, "is a named pipe"), (os.mkdir, "Is a directory")])
+def test_a_pipe_or_folder_in_a_sweep_folders_record_or_lock_is_one_line_before_hydra_writes(tmp_path, capsys, name,
+                                                                                             make, said):
+    """A folder at .sweep-lock escaped the callback as an exception Hydra only warns of: the sweep ran unlocked."""
+    from tf_harness.experiments.sweep_folder import SweepFolder
+
+    make(tmp_path / name)
+    outcome, error = within(SweepFolder.claim, tmp_path, ["seed=1,2"])
+    if outcome == "blocked":
+        _unblock(tmp_path / name)
+    assert outcome == "error" and isinstance(error, SystemExit) and error.code == 1, (outcome, error)
+    printed = capsys.readouterr().err
+    assert printed.count("\n") == 1 and printed.startswith("error: ") and str(tmp_path / name) in printed, printed
+    assert said in printed, printed
+
+
+def test_the_pruned_note_leaves_a_named_pipe_in_place_of_metrics_json_unread(tmp_path):
+    from tf_harness.experiments.pruning import Pruning
+
+    os.mkfifo(tmp_path / "metrics.json")
+    outcome, error = within(Pruning(None, None, None, tmp_path, True)._note, 3)
+    if outcome == "blocked":
+        _unblock(tmp_path / "metrics.json")
+    assert (outcome, error) == ("value", None)
+
+
+# A read by path past the door: pathlib's, OmegaConf's, pandas', json's and numpy's loaders, a bare `open` to read.
+PAST_THE_DOOR = re.compile(r"\.read_(?:text|bytes)\(\)|OmegaConf\.load\(|pd\.read_csv\((?!file\b)|json\.load\(|"
+                           r"np\.load\(|(?<![\w.])open\([^,()]+(?:,\s*[\"']r[bt]?[\"'])?\)")
+
+
+def test_no_module_of_the_project_reads_a_file_past_the_door():
+    """Every file the project's code opens by its path to read goes through data/integrity/reading.py; writes,
+    and reads of what is already open, are not matched."""
+    sources = [PROJECT / "run.py", PROJECT / "compare.py"]
+    sources += [path for folder in ("experiments", "data", "models") for path in sorted((PROJECT / folder).rglob("*.py"))
+                if "integrity" not in path.parts]
+    found = [f"{path.relative_to(PROJECT)}:{number}: {line.strip()}" for path in sources
+             for number, line in enumerate(path.read_text().splitlines(), 1) if PAST_THE_DOOR.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_a_named_pipe_in_place_of_a_sqlite_study_is_one_line(tmp_path):
+    import optuna  # noqa: F401  imported before the bound, which is for the wait alone
+    from tf_harness.experiments import study
+
+    os.mkfifo(tmp_path / "optuna.db")
+    outcome, error = within(study.open_storage, f"sqlite:///{tmp_path / 'optuna.db'}")
+    if outcome == "blocked":
+        _unblock(tmp_path / "optuna.db")
+    assert outcome == "error" and isinstance(error, study.StorageError), (outcome, error)
+    assert f"{tmp_path / 'optuna.db'} is a named pipe" in str(error) and "\n" not in str(error)

@@ -12,6 +12,7 @@ from tf_harness.data.integrity import reading, resources, unreadable, verificati
     (MemoryError(), "memory"),
     (OSError(errno.ENOMEM, "Cannot allocate memory"), "memory"),
     (OSError(errno.ENOSPC, "No space left on device"), "disk space"),
+    (OSError(errno.EFBIG, "File too large"), "room under the file size limit (ulimit -f)"),
     (OSError(errno.EMFILE, "Too many open files"), "file handles"),
     (OSError(errno.ENFILE, "Too many open files in system"), "file handles (the whole system's)"),
 ])

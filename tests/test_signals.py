@@ -1,7 +1,7 @@
 """Every process answers SIGTERM and SIGINT within seconds, whatever it waits on. The trainer waiting on input
 and a tf.data service worker whose dispatcher was killed are in tests/test_service.py and tests/test_stuck_input.py;
 a file it would wait on for ever is refused before it is opened (tests/test_reading.py). Here: the sidecar
-evaluator waiting for the trainer's next checkpoint."""
+evaluator waiting for the trainer's next checkpoint, and the comparison of two runs amid its bootstrap."""
 import json
 import os
 import signal
@@ -59,3 +59,21 @@ def test_the_sidecar_waiting_for_a_new_checkpoint_stops_at_a_signal(trained, tmp
     assert took < 15, took  # the handler's line at once; TensorFlow's own exit takes seconds on 2 busy cores
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1] == f"interrupted by {signal.Signals(signum).name}", stderr[-2000:]
+
+
+def test_compare_stopped_by_ctrl_c_amid_its_bootstrap_is_one_line_and_130(tmp_path, monkeypatch, capsys):
+    from tf_harness.experiments import compare, intervals
+
+    for name in ("a", "b"):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "config.yaml").write_text("dataset:\n  name: lfw_pairs\n")
+        rows = "".join(f"a{k},b{k},{k % 2},0.{k},3,test\n" for k in range(6))
+        (tmp_path / name / "predictions.csv").write_text("path_a,path_b,label,score,global_step,split\n" + rows)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(intervals, "paired", interrupted)
+    assert compare.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 130
+    printed = capsys.readouterr().err
+    assert printed.count("\n") == 1 and "interrupted by SIGINT" in printed, printed

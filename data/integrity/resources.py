@@ -10,6 +10,7 @@ import os
 
 # errno -> what ran out.
 _ERRNOS = {errno.ENOMEM: "memory", errno.ENOSPC: "disk space", errno.EDQUOT: "disk quota",
+           errno.EFBIG: "room under the file size limit (ulimit -f)",
            errno.EMFILE: "file handles", errno.ENFILE: "file handles (the whole system's)"}
 # TensorFlow's error classes -> what ran out.
 _TF_ERRORS = {"ResourceExhaustedError": "memory", "UnavailableError": "a service (unavailable)"}
@@ -29,8 +30,8 @@ def _chain(error):
 
 def exhausted(error: BaseException) -> str | None:
     """What ran out when `error` (or an error it came from) is a want of a resource, else None: memory (MemoryError,
-    ENOMEM, TensorFlow's ResourceExhausted or OOM), disk space or quota, file handles, or a service (TensorFlow's
-    Unavailable)."""
+    ENOMEM, TensorFlow's ResourceExhausted or OOM), disk space or quota, room under the file size limit, file
+    handles, or a service (TensorFlow's Unavailable)."""
     for one in _chain(error):
         if isinstance(one, MemoryError):
             return "memory"
@@ -62,6 +63,7 @@ _ADVICE = {
               "command again",
     "disk space": "free some space, then run the same command again",
     "disk quota": "free some space, then run the same command again",
+    "room under the file size limit (ulimit -f)": "raise the limit, then run the same command again",
     "file handles": "raise the limit (ulimit -n) or close other programs, then run the same command again",
     "file handles (the whole system's)": "close other programs, then run the same command again",
     "a service (unavailable)": "start the service again (or point at a live one), then run the same command again",

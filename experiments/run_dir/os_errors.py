@@ -1,4 +1,4 @@
-"""Expected OS failures as one line: a full disk, a read-only folder, a path too long.
+"""Expected OS failures as one line: a full disk, a read-only folder, a path too long, a want of file handles.
 
 Python raises these as OSError with an errno; TensorFlow's file ops (checkpoints, summaries, the
 tf.data cache) raise its own OpError subclasses whose message ends in the OS's wording, e.g.
@@ -16,6 +16,8 @@ run directory, writing `.hydra/`).
 import errno
 import os
 import re
+
+from tf_harness.data.integrity import resources
 
 # errno -> what the user can do about it.
 ADVICE = {
@@ -57,7 +59,18 @@ def describe(error: BaseException, where=None, resumable=True, run_dir=None) -> 
     for one in chain(error):
         if run_dir is not None and isinstance(one, FileNotFoundError) and _makes(one.filename, run_dir):
             return f"{one.strerror}: {one.filename}; the folder cannot be made there: choose another hydra.run.dir"
-    return next(filter(None, (_describe_one(one, where, resumable) for one in chain(error))), None)
+    return next(filter(None, (_describe_one(one, where, resumable) for one in chain(error))), None) or \
+        _exhausted(error)
+
+
+def _exhausted(error) -> str | None:
+    """The line for a want of a resource that ADVICE leaves out (file handles, memory, the file size limit): the
+    one data/integrity/resources.py gives, which names what ran out."""
+    try:
+        resources.raise_if_exhausted(error)
+    except resources.OutOfResource as out:
+        return str(out)
+    return None
 
 
 def _makes(path, run_dir) -> bool:

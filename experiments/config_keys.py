@@ -196,9 +196,10 @@ class Reentry(enum.Enum):
 FIXED, RUN_CONTROL, EVALUATION = Reentry.FIXED, Reentry.RUN_CONTROL, Reentry.EVALUATION
 
 
-def key(check, reentry=FIXED):
-    """A key every run has: `check` its value, `reentry` its rule."""
-    return field(metadata={"check": check, "reentry": reentry})
+def key(check, reentry=FIXED, only_under=None):
+    """A key every run has: `check` its value, `reentry` its rule; `only_under`, (another key, its value): the one
+    choice under which it acts, so that set away from its default under any other it is a config error."""
+    return field(metadata={"check": check, "reentry": reentry, "only_under": only_under})
 
 
 def option(check, having: Callable[[str], tuple], reentry=FIXED):
@@ -283,12 +284,12 @@ class Trainer:
     class_weights: str | None = key(_with_null(one_of("balanced"), "every example weighs 1"))
     optimizer: str = key(one_of("adam", "adamw", "sgd"))
     learning_rate: float = key(number(0, low_open=True))
-    momentum: float = key(number(0, 1, high_open=True))
-    weight_decay: float = key(number(0))
+    momentum: float = key(number(0, 1, high_open=True), only_under=("trainer.optimizer", "sgd"))
+    weight_decay: float = key(number(0), only_under=("trainer.optimizer", "adamw"))
     schedule: str = key(one_of("constant", "cosine", "step"))
-    warmup_steps: int = key(integer(0))
-    decay_steps: int = key(integer(1))
-    decay_rate: float = key(number(0, 1, low_open=True))
+    warmup_steps: int = key(integer(0), only_under=("trainer.schedule", "cosine"))
+    decay_steps: int = key(integer(1), only_under=("trainer.schedule", "step"))
+    decay_rate: float = key(number(0, 1, low_open=True), only_under=("trainer.schedule", "step"))
     init_checkpoint: str | None = key(_with_null(PATH, "no warm start"))
     init_exclude: str | None = key(_with_null(Key("a regular expression", lambda value: isinstance(value, str)),
                                               "none"))
@@ -401,6 +402,9 @@ STRATEGY_KEYS = {name: {f"strategy.{option}": DECLARED[f"strategy.{option}"].met
                  for name, options in STRATEGIES.items()}
 # Each key's re-entry rule.
 REENTRY = {name: declared.metadata["reentry"] for name, declared in DECLARED.items()}
+# The keys that act under one choice of another key alone: {key: (that key, its value)}.
+ONLY_UNDER = {name: declared.metadata["only_under"] for name, declared in DECLARED.items()
+              if declared.metadata.get("only_under")}
 
 
 def is_group(value) -> bool:

@@ -24,6 +24,7 @@ per error, naming the key, the value and what is allowed.
 import difflib
 import json
 import re
+from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -32,8 +33,8 @@ from tf_harness.data import TASKS
 from tf_harness.models import BUILDERS, smallest_side
 # The modes and the tables are declared in config_keys; the rest of the project reads them here too.
 from tf_harness.experiments.config_keys import (  # noqa: F401  names other modules import from the schema
-    EVALUATING_MODES, EVALUATION_MODES, KEYS, MODES, OPTION_KEYS, SERVICE_ADDRESS, SIDECAR_MODE, SPLIT_MODES,
-    STRATEGY_KEYS, TRAINING_MODES, Key, _is_int, number, one_of)
+    EVALUATING_MODES, EVALUATION_MODES, KEYS, MODES, ONLY_UNDER, OPTION_KEYS, SERVICE_ADDRESS, SIDECAR_MODE,
+    SPLIT_MODES, STRATEGY_KEYS, TRAINING_MODES, Key, _is_int, number, one_of)
 
 MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
 _UNSET = object()
@@ -205,15 +206,9 @@ def _combinations(cfg) -> str | None:
     return _too_small(cfg)
 
 
-# Keys that act under one value of another key alone ("sgd only" in conf/trainer/default.yaml): set away from their
-# default under any other value, they would change nothing, and nothing would say so.
-ONLY_UNDER = {"trainer.momentum": ("trainer.optimizer", "sgd"), "trainer.weight_decay": ("trainer.optimizer", "adamw"),
-              "trainer.warmup_steps": ("trainer.schedule", "cosine"),
-              "trainer.decay_steps": ("trainer.schedule", "step"), "trainer.decay_rate": ("trainer.schedule", "step")}
-
-
 def _inert(cfg) -> str | None:
-    """A key of ONLY_UNDER set away from its default (conf/trainer/default.yaml) where its option is not chosen."""
+    """A key declared `only_under` another key's value (experiments/config_keys.py), set away from its default
+    (conf/trainer/default.yaml) where that value is not chosen: it would change nothing, and nothing would say so."""
     from tf_harness.data.integrity import reading
 
     defaults = OmegaConf.create(reading.read_text(Path(__file__).parents[1] / "conf" / "trainer" / "default.yaml"))

@@ -12,6 +12,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from tests.conftest import run_cli
+from tests.refusals import assert_names, one_naming
 
 SMOKE = ("dataset=lfw_pairs", "experiment=smoke")
 # The summary line: `N jobs ran, F failed; best <metric> <value> <interval> in job <n> (<overrides>): <run directory>`.
@@ -34,6 +35,13 @@ def last_line(stderr):
     return stderr.rstrip().splitlines()[-1]
 
 
+def failed_job(line, job, run_dir, *named):
+    """Checks that a report's `line` is job `job`'s (its overrides free), in `run_dir`, failing with an `error: `
+    naming each of `named`; returns the line."""
+    assert line.startswith(f"  job {job} ") and f" in {run_dir}: error: " in line, line
+    return assert_names(line, *named)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_local"])
 def test_a_sweep_with_a_failed_job_finishes_the_others_then_names_it(tmp_path, launcher):
@@ -42,9 +50,8 @@ def test_a_sweep_with_a_failed_job_finishes_the_others_then_names_it(tmp_path, l
     assert result.returncode == 2, result.stderr[-3000:]
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["global_step"] == 4
     summary = result.stderr[result.stderr.index("1 of 2 jobs failed:"):].splitlines()
-    error = "config error: dataset.root=/nonexistent/root is not an existing directory"
     assert summary[1].startswith(f"  job 0 (dataset=lfw_pairs experiment=smoke dataset.root=/nonexistent/root) "
-                                 f"in {tmp_path / '0'}: {error}"), summary
+                                 f"in {tmp_path / '0'}: config error: dataset.root=/nonexistent/root "), summary
     assert len(summary) == 3
     found = SUMMARY.match(summary[2])
     assert found, summary
@@ -266,19 +273,18 @@ def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_le
     (tmp_path / "7" / OUTCOME).mkdir(parents=True)  # a folder in its place
     (tmp_path / "9").mkdir()  # a job that could not write its outcome
     lines = report_at_end(capsys)
-    unknown = "error: the job's outcome is unknown: job_outcome.json"
-    assert lines == ["7 of 9 jobs failed:",
-                     f"  job 4 in {tmp_path / '4'}: {unknown} is not JSON",
-                     f"  job 5 in {tmp_path / '5'}: {unknown} is not a job outcome "
-                     f"(no valid status, error, job, overrides, run_dir, metric, value)",
-                     f"  job 6 in {tmp_path / '6'}: {unknown} is not a job outcome "
-                     f"(no valid error, job, overrides, run_dir, metric, value)",
-                     f"  job 7 in {tmp_path / '7'}: {unknown} cannot be read (Is a directory)",
-                     f"  job 8 in {tmp_path / '8'}: {unknown} is not JSON",
-                     f"  job 9 in {tmp_path / '9'}: error: the job's outcome is unknown: no job_outcome.json: "
-                     f"the job could not write it",
-                     f"  job 10 in {tmp_path / '10'}: {unknown} is not JSON (it is empty)",
-                     f"9 jobs ran, 7 failed; best accuracy 0.7500 {NO_RECORD} in job 0 (seed=1): {tmp_path / '0'}"]
+    assert lines[0] == "7 of 9 jobs failed:"
+    assert lines[-1] == f"9 jobs ran, 7 failed; best accuracy 0.7500 {NO_RECORD} in job 0 (seed=1): {tmp_path / '0'}"
+    # What is wrong with each, in a word or the keys missing; job 10's line is docs/sweeps-and-review.md's example.
+    named = {4: ("not JSON",), 5: ("status, error, job, overrides, run_dir, metric, value",),
+             6: ("error, job, overrides, run_dir, metric, value",), 7: ("Is a directory",), 8: ("not JSON",),
+             9: ("no job_outcome.json",)}
+    assert len(lines) == 2 + len(named) + 1
+    for line, (job, names) in zip(lines[1:], named.items()):
+        failed_job(line, job, tmp_path / str(job), OUTCOME, *names)
+    assert "(no valid error, job" in lines[3]  # job 6 holds a valid status
+    assert lines[-2] == (f"  job 10 in {tmp_path / '10'}: error: the job's outcome is unknown: job_outcome.json is not "
+                         "JSON (it is empty)")
     assert cli._status == 1
     assert (tmp_path / "2" / OUTCOME).read_text() == "" and (tmp_path / "3" / OUTCOME).read_text() == stale["3"]
 
@@ -301,12 +307,10 @@ def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_fa
         (tmp_path / job / ".hydra" / "reentry-1" / "config.yaml").write_text("seed: 2\n")
     end_job(SweepCallback(), job_config(tmp_path / "2", 2, ("seed=2",)), job_return(0.5))  # job 2 alone writes its own
     lines = report_at_end(capsys)
-    unknown = "error: the job's outcome is unknown:"
-    assert lines == ["2 of 3 jobs failed:",
-                     f"  job 0 in {tmp_path / '0'}: {unknown} no job_outcome.json: the job could not write it",
-                     f"  job 1 in {tmp_path / '1'}: {unknown} the job_outcome.json there is an earlier job's: this job "
-                     "could not write its own",
-                     f"3 jobs ran, 2 failed; best accuracy 0.5000 {NO_RECORD} in job 2 (seed=2): {tmp_path / '2'}"]
+    assert lines[0] == "2 of 3 jobs failed:" and len(lines) == 4
+    failed_job(lines[1], 0, tmp_path / "0", "no job_outcome.json")
+    failed_job(lines[2], 1, tmp_path / "1", "job_outcome.json", "earlier job's")
+    assert lines[3] == f"3 jobs ran, 2 failed; best accuracy 0.5000 {NO_RECORD} in job 2 (seed=2): {tmp_path / '2'}"
     assert cli._status == 1
 
 
@@ -342,7 +346,7 @@ def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, cap
     monkeypatch.undo()
     assert sorted(path.name for path in run_dir.iterdir()) == [OUTCOME]
     assert (run_dir / OUTCOME).read_text() == "an earlier outcome\n"
-    assert f"could not write the job's outcome to {run_dir / OUTCOME}" in caplog.text
+    one_naming(caplog.messages, run_dir / OUTCOME, "No space left on device")
     end_job(SweepCallback(), job_config(run_dir), job_return(0.5))
     assert json.loads((run_dir / OUTCOME).read_text())["value"] == 0.5
 
@@ -503,9 +507,8 @@ def test_a_sweep_that_a_signal_or_an_error_stops_reports_the_jobs_that_ran(tmp_p
     failed = f"  job 1 (seed=2) in {tmp_path / '1'}: error: it broke"
     best = f"best accuracy 0.7500 {NO_RECORD} in job 0 (seed=1): {tmp_path / '0'}"
     if stop == "config error":
-        assert lines[1:] == ["2 of 3 jobs failed:", failed, f"  job 2 (seed=3) in {tmp_path / '2'}: error: the job's "
-                             "outcome is unknown: no job_outcome.json: the job could not write it",
-                             f"3 jobs ran, 2 failed; {best}"]
+        assert lines[1:3] == ["2 of 3 jobs failed:", failed] and lines[4:] == [f"3 jobs ran, 2 failed; {best}"]
+        failed_job(lines[3], "2 (seed=3)", tmp_path / "2", "no job_outcome.json")
     else:
         assert lines == [f"interrupted by {stop}", "1 of 3 jobs failed:", failed, "1 of 3 jobs were interrupted:",
                          f"  job 2 (seed=3) in {tmp_path / '2'}: interrupted by {stop}",
@@ -522,7 +525,8 @@ def test_a_sweep_stopped_before_any_job_ran_adds_nothing_to_the_error(tmp_path, 
         raise ConfigCompositionException("Could not find 'model/nope'")
 
     assert command_line.exit_code(sweep) == 2
-    assert capsys.readouterr().err.splitlines() == ["config error: Could not find 'model/nope'"]
+    line, = capsys.readouterr().err.splitlines()
+    assert line.startswith("config error: ") and "'model/nope'" in line, line
 
 
 def test_a_sweep_that_ends_leaves_no_report_for_the_exit(tmp_path, capsys, command_line):
@@ -618,9 +622,10 @@ def test_a_sweep_job_whose_saved_config_is_gone_is_refused_not_run_over_its_chec
     again = run_cli(*args, "trainer.train_steps=4")
     assert again.returncode == 2, again.stderr[-3000:]
     assert "Traceback" not in again.stderr
-    refused = (f"in {tmp_path / '0'}: config error: {tmp_path / '0' / '.hydra' / 'config.yaml'} is missing, but "
-               f"{tmp_path / '0'} holds a run (checkpoints): it is not started afresh over it")
-    assert refused in again.stderr, again.stderr[-3000:]
+    refused = [line for line in again.stderr.splitlines() if line.startswith("  job 0 ")]
+    assert len(refused) == 1, again.stderr[-3000:]
+    assert f" in {tmp_path / '0'}: config error: {tmp_path / '0' / '.hydra' / 'config.yaml'} " in refused[0], refused
+    assert_names(refused[0], "checkpoints")
     assert sorted(path.name for path in (tmp_path / "0" / "checkpoints").iterdir()) == checkpoints
     assert not (tmp_path / "0" / ".hydra" / "config.yaml").exists()
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["global_step"] == 4  # the other job resumed
@@ -768,7 +773,7 @@ def test_a_job_outcome_carries_its_interval_to_the_summary_line(tmp_path, capsys
     report_at_end = started_sweep(tmp_path)
     outcome_path = tmp_path / "1" / OUTCOME
     _write(outcome_path, {**json.loads(outcome_path.read_text()), "ci95": ["low", "high"]})
-    assert report_at_end(capsys)[1].endswith("job_outcome.json is not a job outcome (no valid ci95)")
+    failed_job(report_at_end(capsys)[1], 1, tmp_path / "1", OUTCOME, "ci95")
 
 
 @pytest.mark.slow  # a chest sweep of two jobs and a prediction, about 80 s on 2 cores

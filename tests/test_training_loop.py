@@ -16,6 +16,7 @@ from tf_harness.data.task import Task
 from tf_harness.experiments import trainer as trainer_module
 from tf_harness.experiments.trainer import NonFiniteLossError, Trainer, loop_length, resolve_fetch_ahead
 from tests.conftest import PROJECT, compose, event_tags, run_cli
+from tests.refusals import assert_error, raises_naming
 
 PAIRS = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3, paired=True)
 SIZE, BATCH = 48, 4
@@ -289,7 +290,7 @@ def test_non_finite_evaluation_loss_raises(trainer):
     bias.assign(np.full(kept.shape, np.nan, kept.dtype))
     try:
         assert not trainer.all_finite()
-        with pytest.raises(NonFiniteLossError, match="evaluation loss is nan at global step"):
+        with raises_naming(NonFiniteLossError, "evaluation loss", "nan", "global step "):
             trainer.eval_step(*batch)
     finally:
         bias.assign(kept)
@@ -333,10 +334,8 @@ def test_huge_learning_rate_exits_1_without_a_non_finite_checkpoint(tmp_path):
     result = run_cli(*TINY_LFW, "trainer.learning_rate=1e30", "trainer.train_steps=40", "trainer.steps_per_loop=4",
                      "trainer.checkpoint_every=1", "trainer.log_every=1", "trainer.eval_every=1000",
                      f"hydra.run.dir={tmp_path}")
-    assert result.returncode == 1
-    assert "Traceback" not in result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: 3 training steps in a row had a non-finite loss"), last
+    last = assert_error(result, 1, "non-finite", "last checkpoint: ")
+    assert last.startswith("error: 3 training steps"), last
     checkpoints = sorted((tmp_path / "checkpoints").glob("ckpt-*.index"))
     assert checkpoints
     for index in checkpoints:
@@ -351,11 +350,8 @@ def test_huge_learning_rate_exits_1_without_a_non_finite_checkpoint(tmp_path):
 def test_one_non_finite_step_stops_a_run_that_allows_one(tmp_path):
     result = run_cli(*TINY_LFW, "trainer.learning_rate=1e30", "trainer.max_nonfinite_steps=1",
                      "trainer.train_steps=10", f"hydra.run.dir={tmp_path}")
-    assert result.returncode == 1
-    last = result.stderr.strip().splitlines()[-1]
     # Step 1 trains on the initial weights; its 1e30-sized update makes step 2's loss non-finite.
-    assert last == ("error: training step 2 had a non-finite loss or gradient norm and was not applied; stopping "
-                    "(no checkpoint to resume from)"), last
+    assert_error(result, 1, "training step 2 ", "non-finite", "no checkpoint")
 
 
 @pytest.mark.slow

@@ -228,8 +228,8 @@ def test_a_submitit_job_signalled_before_its_time_limit_saves_is_requeued_and_en
 
 
 def steps_per_second(tmp_path, settings) -> float:
-    """Training steps per second of a short single run of `settings` on this machine now, from its run.log's
-    timestamps of the first and last progress lines (start-up left out)."""
+    """Training steps per second of a single run of `settings` cut to 1500 steps, on this machine now: from its
+    run.log's timestamps of the first and last progress lines, so start-up is left out."""
     run_dir = tmp_path / "calibration"
     calibration = run_cli(*SMOKE, *settings, "trainer.train_steps=1500", f"hydra.run.dir={run_dir}")
     assert calibration.returncode == 0, calibration.stderr[-3000:]
@@ -243,18 +243,20 @@ def steps_per_second(tmp_path, settings) -> float:
 def test_a_submitit_job_past_its_time_limit_is_requeued_and_ends_as_an_uninterrupted_one(tmp_path):
     """A real time limit: submitit_local's job, given two minutes, is sent SIGUSR2 30 s before them while it still
     trains; it saves, is requeued, resumes and ends at trainer.train_steps with an uninterrupted run's weights."""
-    settings = ("trainer.log_every=100", "trainer.steps_per_loop=1", "pipeline.batch_size=4", "deterministic=true",
-                "trainer.eval_steps=1")
-    # 150 s of training at this machine's pace outlasts the 90 s before the first signal; ten requeues leave room
-    # for a machine that turns slower than it was measured.
-    train_steps = max(100, round(steps_per_second(tmp_path, settings) * 150 / 100) * 100)
-    steps = (f"trainer.train_steps={train_steps}", f"trainer.eval_every={train_steps}",
-             f"trainer.checkpoint_every={train_steps}", *settings)
+    def settings(steps):
+        return (f"trainer.train_steps={steps}", f"trainer.eval_every={steps}", f"trainer.checkpoint_every={steps}",
+                "trainer.eval_steps=1", "trainer.log_every=100", "trainer.steps_per_loop=1", "pipeline.batch_size=4",
+                "deterministic=true")
+
+    # 150 s of training at this machine's pace: more than a window trains before its signal, start-up included,
+    # and well within the four windows that the local launcher's three requeues give.
+    train_steps = max(100, round(steps_per_second(tmp_path, settings(1500)[1:]) * 150 / 100) * 100)
+    steps = settings(train_steps)
     sweep_dir = tmp_path / "sweep"
     swept = subprocess.run([sys.executable, "run.py", "-m", "hydra/launcher=submitit_local",
-                            "hydra.launcher.timeout_min=2", "hydra.launcher.max_num_timeout=10", *SMOKE, *steps,
-                            f"hydra.sweep.dir={sweep_dir}"], cwd=PROJECT, capture_output=True, text=True,
-                           timeout=3000, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                            "hydra.launcher.timeout_min=2", *SMOKE, *steps, f"hydra.sweep.dir={sweep_dir}"],
+                           cwd=PROJECT, capture_output=True, text=True, timeout=1800,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert swept.returncode == 0, swept.stderr[-3000:]
     assert_requeued_and_uninterrupted(sweep_dir, tmp_path, steps, train_steps, "this job is timed-out",
                                       "Requeued job")

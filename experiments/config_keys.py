@@ -10,13 +10,15 @@ run's top-level keys and its groups. A field is a key, declared on one line:
   experiments/schema.py holds the config's value to, before TensorFlow starts;
 - its re-entry rule says whether a re-entry (experiments/run_dir/reentry.py) may change it: FIXED (the saved
   config's value holds; the default), RUN_CONTROL (the command line may change it) or EVALUATION (it may change
-  for mode=evaluate|predict|export only).
+  for mode=evaluate|predict|export only);
+- where the key turns on a training recipe, its `Recipe`: a value that turns it on and the kinds of task it fits.
 
 A key that only some datasets, models or strategies have is an `option`, None where the chosen one lacks it;
 which ones have it is their line's options (TASKS in data/__init__.py, BUILDERS in models/__init__.py,
 STRATEGIES here). Everything else is derived from these declarations: `KEYS`, `OPTION_KEYS` and `STRATEGY_KEYS`
-(the schema's tables), `REENTRY` (re-entry's rules) and `Settings` (experiments/settings.py). So adding a key
-touches its conf/ YAML file and its field here, nothing else.
+(the schema's tables), `REENTRY` (re-entry's rules), `RECIPES` (the schema's check of a recipe against the dataset,
+and the combination matrix, tests/matrix.py) and `Settings` (experiments/settings.py). So adding a key touches its
+conf/ YAML file and its field here, nothing else.
 
 Nothing here imports TensorFlow.
 """
@@ -40,10 +42,11 @@ from tf_harness.experiments import graph_optimizer
 # The checks ------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Key:
-    """One key's declared type and allowed values."""
+    """One key's declared type and allowed values; `choices`, the values of a key that takes one of a few names."""
 
     allowed: str  # what the error message says is allowed
     accepts: Callable[[Any], bool]
+    choices: tuple = ()
 
 
 def _with_null(key, null):
@@ -85,7 +88,7 @@ def number(low, high=None, low_open=False, high_open=False, null=None) -> Key:
 
 
 def one_of(*choices) -> Key:
-    return Key(f"one of {'|'.join(choices)}", lambda value: isinstance(value, str) and value in choices)
+    return Key(f"one of {'|'.join(choices)}", lambda value: isinstance(value, str) and value in choices, choices)
 
 
 class Names:
@@ -196,10 +199,23 @@ class Reentry(enum.Enum):
 FIXED, RUN_CONTROL, EVALUATION = Reentry.FIXED, Reentry.RUN_CONTROL, Reentry.EVALUATION
 
 
-def key(check, reentry=FIXED, only_under=None):
+@dataclass(frozen=True)
+class Recipe:
+    """A training recipe that a key turns on: `on`, a value that turns it on (tests/matrix.py trains every
+    dataset, model family and dtype with every recipe that fits, at this value); `fits`, the kinds of task
+    (SPEC.task) it is for where it is not for every one, and `why` (a few words: what it does that only they take).
+    Set on a dataset of another kind, it is a config error (experiments/schema.py)."""
+
+    on: Any
+    fits: tuple = ()
+    why: str = ""
+
+
+def key(check, reentry=FIXED, only_under=None, recipe=None):
     """A key every run has: `check` its value, `reentry` its rule; `only_under`, (another key, its value): the one
-    choice under which it acts, so that set away from its default under any other it is a config error."""
-    return field(metadata={"check": check, "reentry": reentry, "only_under": only_under})
+    choice under which it acts, so that set away from its default under any other it is a config error;
+    `recipe`, the training recipe it turns on (a `Recipe`)."""
+    return field(metadata={"check": check, "reentry": reentry, "only_under": only_under, "recipe": recipe})
 
 
 def option(check, having: Callable[[str], tuple], reentry=FIXED):
@@ -210,6 +226,9 @@ def option(check, having: Callable[[str], tuple], reentry=FIXED):
 
 # The strategies (conf/strategy/<name>.yaml, experiments/strategies.py), each with the keys only it has.
 STRATEGIES = {"auto": (), "one_device": (), "mirrored": ("logical_cpus",), "multi_worker": ()}
+
+
+_MIXES = "it mixes one-class labels into class distributions"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,9 +249,9 @@ class Pipeline:
     source: str = key(one_of("files", "tfrecord"), RUN_CONTROL)
     dtype: str = key(one_of("float32", "float16", "bfloat16"))
     augment: bool = key(FLAG)
-    random_resized_crop: Mapping | None = key(CROP)
-    mixup_alpha: float = key(number(0))
-    cutmix_alpha: float = key(number(0))
+    random_resized_crop: Mapping | None = key(CROP, recipe=Recipe({"scale": [0.25, 1]}))
+    mixup_alpha: float = key(number(0), recipe=Recipe(0.2, ("multiclass",), _MIXES))
+    cutmix_alpha: float = key(number(0), recipe=Recipe(1.0, ("multiclass",), _MIXES))
     shuffle_buffer: int | None = key(integer(1, null="as many as pipeline.shuffle_mb holds"))
     shuffle_mb: float = key(number(0, low_open=True))
     verify_images: bool = key(FLAG)
@@ -245,7 +264,7 @@ class Pipeline:
 class EarlyStopping:
     """trainer.early_stopping.*"""
 
-    patience: int | None = key(integer(0, null="no early stopping"))
+    patience: int | None = key(integer(0, null="no early stopping"), recipe=Recipe(2))
     min_delta: float = key(number(0))
 
 
@@ -269,19 +288,23 @@ class Trainer:
     graph_optimizer: Mapping | None = key(_with_null(Key(graph_optimizer.ALLOWED, graph_optimizer.accepts),
                                                      graph_optimizer.NULL), RUN_CONTROL)
     max_nonfinite_steps: int = key(integer(1))
-    clip_global_norm: float | None = key(number(0, low_open=True, null="no clipping"))
-    accumulate_steps: int = key(integer(1))
-    freeze: str | None = key(_with_null(REGEX, "every variable trains"))
-    lr_multipliers: Mapping | None = key(_with_null(MULTIPLIERS, "all at the learning rate"))
-    keep_best: bool = key(FLAG)
+    clip_global_norm: float | None = key(number(0, low_open=True, null="no clipping"), recipe=Recipe(1.0))
+    accumulate_steps: int = key(integer(1), recipe=Recipe(2))
+    freeze: str | None = key(_with_null(REGEX, "every variable trains"), recipe=Recipe("bias$"))
+    lr_multipliers: Mapping | None = key(_with_null(MULTIPLIERS, "all at the learning rate"),
+                                         recipe=Recipe({"kernel": 0.5}))
+    keep_best: bool = key(FLAG, recipe=Recipe(True))
     best_metric: str | None = key(METRIC)
     best_mode: str | None = key(_with_null(one_of("max", "min"), "follows trainer.best_metric: min for loss, else max"))
     early_stopping: EarlyStopping
     objective: str = key(one_of("last", "best"))
-    ema_decay: float | None = key(number(0, 1, high_open=True, null="no moving average"))
+    ema_decay: float | None = key(number(0, 1, high_open=True, null="no moving average"), recipe=Recipe(0.9))
     profile_steps: tuple | None = key(PROFILE_STEPS, RUN_CONTROL)
-    label_smoothing: float = key(number(0, 1, high_open=True))
-    class_weights: str | None = key(_with_null(one_of("balanced"), "every example weighs 1"))
+    label_smoothing: float = key(number(0, 1, high_open=True),
+                                 recipe=Recipe(0.1, ("multiclass",), "it smooths a softmax over classes"))
+    class_weights: str | None = key(_with_null(one_of("balanced"), "every example weighs 1"),
+                                    recipe=Recipe("balanced", ("multilabel",),
+                                                  "it weighs each label's positives in a sigmoid loss"))
     optimizer: str = key(one_of("adam", "adamw", "sgd"))
     learning_rate: float = key(number(0, low_open=True))
     momentum: float = key(number(0, 1, high_open=True), only_under=("trainer.optimizer", "sgd"))
@@ -405,6 +428,8 @@ REENTRY = {name: declared.metadata["reentry"] for name, declared in DECLARED.ite
 # The keys that act under one choice of another key alone: {key: (that key, its value)}.
 ONLY_UNDER = {name: declared.metadata["only_under"] for name, declared in DECLARED.items()
               if declared.metadata.get("only_under")}
+# The training recipes, by the key that turns each on: {key: Recipe}.
+RECIPES = {name: declared.metadata["recipe"] for name, declared in DECLARED.items() if declared.metadata.get("recipe")}
 
 
 def is_group(value) -> bool:

@@ -34,8 +34,9 @@ writing it).
 Under ``pipeline.dtype=bfloat16`` the export is not bit-exact with a CPU's predictions.csv: the loader's graph
 optimizer (Grappler, on by default in TensorFlow and TF Serving; the harness turns it off on a CPU) turns
 ``unit_range``'s division by a constant into a product with its reciprocal, and one pixel value then rounds to
-another bfloat16 number at the model's first cast. Nothing a SavedModel holds keeps every loader's optimizer off
-its graph, so docs/serving.md gives the bound of the difference per dtype, which tests/test_export.py asserts.
+another bfloat16 number at the model's first cast; under ``float16`` a convolution's sums round in another order
+at another batch size. Nothing a SavedModel holds keeps every loader's optimizer off its graph, so
+docs/serving.md gives the bound of the difference per dtype, which tests/test_matrix.py asserts.
 """
 import hashlib
 import json
@@ -105,7 +106,10 @@ class Serving(tf.Module):
         spec = task.SPEC
         self._image = tf.TensorSpec([*task.decode.size, spec.channels], tf.uint8)
         signature = [tf.TensorSpec([None], tf.string, name=name) for name in input_names(spec)]
-        self.serve = tf.function(self._pair if spec.paired else self._single, input_signature=signature)
+        # Traced as written, without AutoGraph: nothing here branches on a tensor in Python, and a process that
+        # exports several runs (api.run) then depends on no cache of converted functions.
+        self.serve = tf.function(self._pair if spec.paired else self._single, input_signature=signature,
+                                 autograph=False)
 
     def _decode(self, name, image_bytes):
         """A batch of encoded files as uint8 [batch, height, width, channels], each decoded as `load` does; fails

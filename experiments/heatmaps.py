@@ -55,9 +55,11 @@ class GradCam:
         images = tf.convert_to_tensor(images, tf.float32)
         with tf.GradientTape() as tape:
             maps, logits = self.model(images, training=False)
-            maps = tf.cast(maps, tf.float32)
             scores = tf.gather(tf.cast(logits, tf.float32), tf.constant(classes, tf.int32), batch_dims=1)
-        gradients = tape.gradient(scores, maps)
+        # The gradient is taken at the map the logits were computed from, in the compute dtype (a float16 map's
+        # float32 cast is not on the path to the logits), and only then cast.
+        gradients = tf.cast(tape.gradient(scores, maps), tf.float32)
+        maps = tf.cast(maps, tf.float32)
         weights = tf.reduce_mean(gradients, axis=[1, 2], keepdims=True)
         cams = tf.nn.relu(tf.reduce_sum(maps * weights, axis=-1, keepdims=True))
         cams = cams / tf.maximum(tf.reduce_max(cams, axis=[1, 2, 3], keepdims=True), 1e-12)

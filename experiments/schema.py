@@ -33,8 +33,8 @@ from tf_harness.data import TASKS
 from tf_harness.models import BUILDERS, smallest_side
 # The modes and the tables are declared in config_keys; the rest of the project reads them here too.
 from tf_harness.experiments.config_keys import (  # noqa: F401  names other modules import from the schema
-    EVALUATING_MODES, EVALUATION_MODES, KEYS, MODES, ONLY_UNDER, OPTION_KEYS, SERVICE_ADDRESS, SIDECAR_MODE,
-    SPLIT_MODES, STRATEGY_KEYS, TRAINING_MODES, Key, _is_int, number, one_of)
+    EVALUATING_MODES, EVALUATION_MODES, KEYS, MODES, ONLY_UNDER, OPTION_KEYS, RECIPES, SERVICE_ADDRESS,
+    SIDECAR_MODE, SPLIT_MODES, STRATEGY_KEYS, TRAINING_MODES, Key, _is_int, number, one_of)
 
 MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
 _UNSET = object()
@@ -292,20 +292,18 @@ def _recipes(cfg) -> str | None:
     return None
 
 
-# The recipes that fit one kind of task only (SPEC.task), and why (docs/training-loop.md#recipes-of-the-field).
-FIELD_RECIPES = {"trainer.label_smoothing": ("multiclass", "it smooths a softmax over classes"),
-                 "pipeline.mixup_alpha": ("multiclass", "it mixes one-class labels into class distributions"),
-                 "pipeline.cutmix_alpha": ("multiclass", "it mixes one-class labels into class distributions"),
-                 "trainer.class_weights": ("multilabel", "it weighs each label's positives in a sigmoid loss")}
+# The recipes that fit some kinds of task only (SPEC.task), as experiments/config_keys.py declares them
+# (docs/training-loop.md#recipes-of-the-field).
+FIELD_RECIPES = {key: recipe for key, recipe in RECIPES.items() if recipe.fits}
 
 
 def _field_recipes(cfg, kind) -> str | None:
     """The field's recipes (losses, mixing, heatmaps) against the dataset's kind of task and the mode."""
-    for key, (wanted, why) in FIELD_RECIPES.items():
+    for key, recipe in FIELD_RECIPES.items():
         value = OmegaConf.select(cfg, key)
-        if value and kind is not None and kind != wanted:
-            return (f"{key}={show(value)} is for {wanted} datasets ({why}); dataset={cfg.dataset.name} is {kind} "
-                    f"(use {key}={'null' if isinstance(value, str) else 0})")
+        if value and kind is not None and kind not in recipe.fits:
+            return (f"{key}={show(value)} is for {'|'.join(recipe.fits)} datasets ({recipe.why}); "
+                    f"dataset={cfg.dataset.name} is {kind} (use {key}={'null' if isinstance(value, str) else 0})")
     if cfg.heatmaps and cfg.mode != "predict":
         return f"heatmaps={cfg.heatmaps} is for mode=predict; mode={cfg.mode} writes none (use heatmaps=0)"
     if cfg.heatmaps and dataset_inputs(cfg.dataset.name) != "single":

@@ -15,7 +15,8 @@ TF_CONFIG task is `evaluator`) evaluates each new checkpoint of the run while an
   (replaced atomically), and logs its step and headline metric; nothing else in the run directory is written:
   no skipped.csv, no train/ events, no HParams record, no checkpoint;
 - it stops, exit 0, with one line saying why: after evaluating the final step (`trainer.train_steps`, the
-  saved config's unless its command line names one), when metrics.json already holds that step, or after
+  saved config's unless its command line names one), when metrics.json already holds that step, once it has
+  evaluated the step at which metrics.json says the trainer stopped early (`trainer.early_stopping`), or after
   `trainer.eval_timeout` seconds without a new checkpoint to evaluate (null: never).
 
 It evaluates on one device (the first GPU, or the CPU), whatever strategy the run trains with: an evaluator
@@ -115,7 +116,7 @@ def evaluate_each(settings, checkpoint_dir, trainer, evaluator) -> None:
     if settings.mode != MODE:
         log.info("TF_CONFIG's task is the evaluator: mode=%s, beside the cluster's workers", MODE)
     watch = Watch(checkpoint_dir, settings.trainer.train_steps, settings.trainer.eval_timeout,
-                  evaluated=evaluated_step(Path(checkpoint_dir).parent))
+                  evaluated=evaluated_step(Path(checkpoint_dir).parent), stopped=StoppedEarly(checkpoint_dir))
     log.info("%s", watch.run(lambda path, step: _evaluate(trainer, evaluator, path, step)))
 
 
@@ -164,10 +165,12 @@ class Watch:
     """Which checkpoint to evaluate next, and when to stop (the module's docstring)."""
 
     def __init__(self, checkpoint_dir, final_step, timeout, evaluated=None, poll=POLL_SECONDS, clock=time.monotonic,
-                 sleep=time.sleep):
+                 sleep=time.sleep, stopped=lambda: None):
         """`final_step`: trainer.train_steps; `timeout`: trainer.eval_timeout (None: none); `evaluated`: the global
-        step already evaluated (metrics.json's), None for none."""
+        step already evaluated (metrics.json's), None for none; `stopped()`: the global step at which the trainer
+        stopped early (trainer.early_stopping), None while it has not."""
         self.checkpoint_dir, self.final_step, self.timeout = Path(checkpoint_dir), final_step, timeout
+        self.stopped = stopped
         self.last, self.poll, self.clock, self.sleep = evaluated, poll, clock, sleep
         self._verdicts = {}  # step: (its files' names, sizes and mtimes, why it may not be evaluated, or None)
 
@@ -179,6 +182,10 @@ class Watch:
             if chosen is None and self.last is not None and self.last >= self.final_step:  # so it started
                 return (f"The final step {self.last} (trainer.train_steps={self.final_step}) is evaluated already "
                         f"(metrics.json); stopping")
+            stop = self.stopped() if chosen is None else None
+            if stop is not None and self.last is not None and self.last >= stop:
+                return (f"The trainer stopped early at global step {stop} (trainer.early_stopping), which is "
+                        f"evaluated; stopping")
             if chosen is not None:
                 step, path = chosen
                 failed = evaluate(path, step)
@@ -238,6 +245,27 @@ class Watch:
         return (f"No new checkpoint to evaluate in {self.checkpoint_dir} for {self.timeout:g} s "
                 f"(trainer.eval_timeout); evaluated last: {last} of trainer.train_steps={self.final_step}"
                 f"{' (not evaluable: ' + '; '.join(pending) + ')' if pending else ''}; stopping")
+
+
+class StoppedEarly:
+    """Called, the global step at which the run in `checkpoint_dir`'s folder stopped early, as its metrics.json
+    records it (`stopped_early`); None while it has not. The file is read again only when it changes."""
+
+    def __init__(self, checkpoint_dir):
+        self.path, self.seen, self.step = Path(checkpoint_dir).parent / "metrics.json", None, None
+
+    def __call__(self):
+        from tf_harness.experiments.summaries import evaluated_record
+
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        if (stat.st_mtime_ns, stat.st_size) != self.seen:
+            self.seen = stat.st_mtime_ns, stat.st_size
+            record = evaluated_record(self.path.parent)
+            self.step = record["global_step"] if record and record.get("stopped_early") is True else None
+        return self.step
 
 
 def _files(path) -> tuple:

@@ -22,6 +22,13 @@ def harness_cache(tmp_path_factory):
     return cache
 
 
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """Runs trained once per session in this process (tests/shared_runs.py)."""
+    from tests.shared_runs import SharedRuns
+    return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
+
+
 @pytest.fixture
 def real():
     """The real sample files of the three datasets."""

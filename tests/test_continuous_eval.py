@@ -392,3 +392,19 @@ def test_the_sidecar_never_replaces_the_evaluation_of_a_later_step_in_metrics_js
     trainer.step = 120
     evaluator(beside=False).evaluate()  # the trainer's own (a resumed run evaluating again) always writes
     assert evaluated_step(tmp_path) == 120
+
+
+def test_a_trainer_that_stopped_early_is_not_waited_for_once_its_last_step_is_evaluated(tmp_path):
+    """A sidecar beside a run that early stopping ended waited trainer.eval_timeout (an hour by default) for a final
+    step that never comes."""
+    folder = tmp_path / "checkpoints"
+    save(folder, 2)
+    (tmp_path / "metrics.json").write_text(json.dumps({"global_step": 2, "loss": 1.0}))
+    stopped = sidecar.StoppedEarly(folder)
+    events = {3.0: lambda: (tmp_path / "metrics.json").write_text(
+        json.dumps({"global_step": 2, "loss": 1.0, "stopped_early": True}))}
+    watcher, evaluate, seen, clock = watch(folder, 10, 60, events=events)
+    watcher.stopped = stopped
+    reason = watcher.run(evaluate)
+    assert seen == [2] and 3.0 <= clock.now < 60
+    assert_names(reason, "global step 2", "trainer.early_stopping")

@@ -25,6 +25,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tests.conftest import REAL, compose, require_real_fixtures, run_cli, task_of
+from tests.matrix import BOUNDS, TOLERANCE
 from tests.refusals import assert_names, one_naming, raises_naming
 from tf_harness.experiments.settings import Settings
 from tf_harness.data.errors import ConfigError
@@ -39,7 +40,6 @@ TINY = {
     "lfw_pairs": ("model.widths=[2,2]", "model.embedding_size=4", "model.head_units=4"),
     "imagenet_det": ("model.filters=[2,2,2,2,2]", "model.dense_units=4"),
 }
-TOLERANCE = 1e-4
 
 
 def tiny_config(dataset, *overrides):
@@ -415,9 +415,7 @@ def test_an_exported_run_serves_predictions_csv_from_a_fresh_process(dataset, tm
         in signature
 
 
-# docs/serving.md's bounds per pipeline.dtype. The loader's Grappler turns unit_range's division by 127.5 into a product
-# with its reciprocal; of the 256 pixel values, one then rounds to another bfloat16 number, none to another float16.
-BOUNDS = {"float32": TOLERANCE, "float16": TOLERANCE, "bfloat16": 5e-3}
+# docs/serving.md's bounds per pipeline.dtype (tests/matrix.py), which the combination matrix holds every cell to.
 # The 16-bit runs: LFW's default model, as reported (its bfloat16 export moved most), and the other datasets' tiny ones.
 SIXTEEN_BIT = {"lfw_pairs": (), "chest_xray": TINY["chest_xray"], "imagenet_det": TINY["imagenet_det"]}
 

@@ -13,11 +13,9 @@ TRAINED = ("dataset=lfw_pairs", "experiment=smoke", "model.merge=pixel_differenc
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("truth") / "run"
-    result = run_cli(*TRAINED, f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+def run_dir(shared_runs, tmp_path_factory):
+    """A copy of the session's run of TRAINED, trained in-process: the re-entries below are what is tested."""
+    return shared_runs.copy(*TRAINED, to=tmp_path_factory.mktemp("truth") / "run")
 
 
 def saved_hydra(run_dir):

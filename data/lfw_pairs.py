@@ -168,15 +168,27 @@ FARS = {"tar_at_far_1e-2": 1e-2, "tar_at_far_1e-3": 1e-3}
 def verification_rates(labels, scores) -> dict:
     """A fold's `eer` (the equal error rate: where the false accept rate equals the false reject rate, on the
     ROC curve interpolated linearly) and `tar_at_far_1e-2`/`1e-3` (the highest true accept rate at a false accept
-    rate at most that); NaN where the fold lacks same or different pairs."""
+    rate at most that); NaN where the fold lacks same or different pairs, and a TAR where the fold has too few
+    different pairs to resolve its false accept rate (`unresolved_rates`)."""
     labels, scores = np.asarray(labels).reshape(-1), np.asarray(scores, np.float64).reshape(-1)
     if labels.min(initial=1) == labels.max(initial=0):
         return {"eer": float("nan"), **{name: float("nan") for name in FARS}}
     false_accept, true_accept, _ = roc_curve(labels, scores, drop_intermediate=False)
     gap = lambda rate: 1 - rate - np.interp(rate, false_accept, true_accept)  # noqa: E731  FRR - FAR at FAR `rate`
     eer = 0.0 if gap(0.0) <= 0 else brentq(gap, 0.0, 1.0, xtol=1e-12)
+    unresolved = unresolved_rates(int((labels == 0).sum()))
     return {"eer": float(eer),
-            **{name: float(true_accept[false_accept <= far].max()) for name, far in FARS.items()}}
+            **{name: float("nan") if name in unresolved else float(true_accept[false_accept <= far].max())
+               for name, far in FARS.items()}}
+
+
+def unresolved_rates(different) -> dict:
+    """{rate: why} for each TAR whose false accept rate a fold of `different` different-person pairs cannot
+    resolve: below 1 / `different`, the only false accept rate it can measure is 0, so the TAR would be the one
+    at FAR 0 whatever the rate asked."""
+    return {name: (f"a fold of {different} different-person pairs resolves false accept rates down to "
+                   f"1/{different} = {1 / max(different, 1):.2g}, above {far:g}")
+            for name, far in FARS.items() if different * far < 1}
 
 
 class LfwPairs(Task):
@@ -338,3 +350,10 @@ class LfwPairs(Task):
         prefix = "ten_fold" if len(accuracies) == 10 else f"{len(accuracies)}_fold"
         return {**found, f"{prefix}_accuracy_mean": float(np.mean(accuracies)),
                 f"{prefix}_accuracy_std": float(np.std(accuracies, ddof=1))}
+
+    def protocol_notes(self, table) -> dict:
+        """`<rate>/null_because` for each TAR that a fold of `table` has too few different-person pairs to
+        resolve (`unresolved_rates`, the smallest fold's): its value is null, and this says why."""
+        different = table[table.label == 0].groupby("fold").size().reindex(np.unique(table.fold), fill_value=0)
+        unresolved = unresolved_rates(int(different.min())) if len(different) else {}
+        return {f"{name}/null_because": why for name, why in unresolved.items()}

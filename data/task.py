@@ -85,6 +85,11 @@ class Task:
         """Evaluation numbers the dataset's official protocol defines, from a whole split's scores."""
         return {}
 
+    def protocol_notes(self, table) -> dict:
+        """`<metric>/null_because: why` for each protocol metric that `table` cannot resolve, whose value
+        `protocol_metrics` leaves NaN (null in a record)."""
+        return {}
+
     @classmethod
     def make_sample(cls, root: Path, seed: int) -> None:
         """Writes the embedded sample into `root` in the exact real layout: ``make_sample(root, seed)`` of

@@ -37,7 +37,8 @@ def run(overrides=(), run_dir=None, actions=()) -> dict:
     folder under outputs/, as the command line makes one); `actions` (experiments/actions.py) are called after the
     run's own. Returns the final metrics: the last evaluation's, with `global_step`. Raises RunConfigError on a
     config error and RunFailed on another failure, each carrying the command line's line; an interrupt
-    (KeyboardInterrupt) saves what the run did, as on the command line."""
+    (KeyboardInterrupt) saves what the run did, as on the command line. The run directory's lock is let go of
+    however it returns, so that another process (a command-line `mode=evaluate`) may use it at once."""
     from tf_harness.experiments import cli
 
     cli.setup()
@@ -91,14 +92,17 @@ def _run_job(args, actions):
 
 @contextlib.contextmanager
 def _process_state_kept():
-    """Gives the caller's process back as it was: the run installs its own SIGINT and SIGTERM handlers and Hydra
-    points the root logger at the run's run.log."""
+    """Gives the caller's process back as it was: the run takes the run directory's lock, installs its own SIGINT
+    and SIGTERM handlers, and Hydra points the root logger at the run's run.log."""
+    from tf_harness.experiments.run_dir import run_lock
+
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     root = logging.getLogger()
     kept = list(root.handlers), root.level
     try:
         yield
     finally:
+        run_lock.release()
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
         for handler in root.handlers:

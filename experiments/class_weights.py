@@ -3,11 +3,13 @@
 The first start of a run computes each label's negatives ÷ positives over the training split (data/losses.py
 `balanced_positive_weights`), logs them once and writes ``<run>/class_weights.json`` atomically. Every later start
 (resume, evaluate, predict) reads that file and does not recompute: like the saved config, it is the run's truth, so
-a dataset root moved or grown under the run cannot change the loss halfway. A file that cannot be read, or that
-names other labels, stops the start with one line naming it (delete it to have it computed again).
+a dataset root moved or grown under the run cannot change the loss halfway. A file that cannot be read, that names
+other labels, or that holds a weight that is not a finite number > 0, stops the start with one line naming it
+(delete it to have it computed again).
 """
 import json
 import logging
+import math
 
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.integrity.atomic_file import replacing
@@ -50,6 +52,10 @@ def _read(path, names) -> list:
         if list(saved) != names:
             raise DatasetError(f"{path} weighs the labels {', '.join(saved)}, not this dataset's {', '.join(names)}; "
                                f"{_FIX}")
-        return [float(saved[name]) for name in names]
+        weights = [float(saved[name]) for name in names]
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise DatasetError(f"{path} is not a record of positive weights ({type(error).__name__}); {_FIX}") from None
+    bad = [f"{name} {weight:g}" for name, weight in zip(names, weights) if not (math.isfinite(weight) and weight > 0)]
+    if bad:
+        raise DatasetError(f"{path} holds positive weights that are not finite numbers > 0 ({', '.join(bad)}); {_FIX}")
+    return weights

@@ -1,14 +1,17 @@
 """`python -m tf_harness.compare RUN_A RUN_B [--split test]`: is run B better than run A on the same examples?
 
 Reads each run's predictions.csv (mode=predict: `python run.py hydra.run.dir=<run> mode=predict split=test`) and
-scores both on the examples they share, which must be the same: the same dataset, split and examples (paths, in
-order, and labels), or it refuses in one line, exit 2. Rows without a score in either run (a damaged file) are
+scores both on the examples they share, which must be the same: the same dataset, split and examples, or it
+refuses in one line, exit 2. An example is matched by what it is in its dataset (its image paths below the folder
+that holds them all, its fold, unit and labels), in any order, so the same examples predicted under another root
+(another machine's mount, another HARNESS_CACHE) compare. Rows without a score in either run (a damaged file) are
 left out of both. For each metric of experiments/metrics.py `scored` it prints A, B, B - A, the difference's
 interval and a two-sided p-value: from a paired bootstrap that resamples the dataset's unit (its patients for
 chest X-rays; an example otherwise) for both runs at once (experiments/intervals.py), or, for a binary task's
 `auc`, from DeLong's test.
 """
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from omegaconf import OmegaConf
 from tf_harness.data import TASKS
 from tf_harness.data.integrity import reading
 from tf_harness.experiments import intervals, metrics
+from tf_harness.experiments.config_keys import MIN_RESAMPLES
 
 PREDICTIONS = "predictions.csv"
 SAVED = Path(".hydra") / "config.yaml"
@@ -34,7 +38,8 @@ def _parser():
     parser.add_argument("run_b", type=Path, help="the run compared (B)")
     parser.add_argument("--split", choices=("validation", "test"), default="test",
                         help="the split both runs' predictions.csv hold (default test)")
-    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--resamples", type=int, default=1000,
+                        help=f"bootstrap resamples, at least {MIN_RESAMPLES} (default 1000)")
     parser.add_argument("--seed", type=int, default=42, help="the bootstrap's seed (default 42)")
     return parser
 
@@ -53,6 +58,12 @@ def read_run(run_dir: Path, split: str):
     except (OSError, ValueError) as error:
         raise Refused(f"{path} cannot be read ({_why(error)}); write it with `python run.py "
                       f"hydra.run.dir={run_dir} mode=predict split={split}`") from None
+    described = [column for column in predictions if column.startswith("path") or column in ("global_step", "split")]
+    damaged = predictions[described].isna().any(axis=1).to_numpy()
+    if damaged.any():  # a file cut mid-row, say: its last row lacks its split
+        raise Refused(f"{path} is damaged: row {int(np.flatnonzero(damaged)[0]) + 2} lacks its "
+                      f"{'|'.join(described)}; write it again with `python run.py hydra.run.dir={run_dir} mode=predict "
+                      f"split={split}`")
     held = sorted(set(predictions["split"])) if "split" in predictions else ["unknown (an older predictions.csv)"]
     if held != [split]:
         raise Refused(f"{path} holds the {'|'.join(held)} split, not {split}; write it with `python run.py "
@@ -84,16 +95,17 @@ def paired_examples(run_a, run_b, split):
     class_names = [column for column in a if column not in described and not column.startswith("label")
                    and column not in ("global_step", "split")]
     labels = _columns(a, class_names)
-    identity = described + labels
     if list(a.columns) != list(b.columns) or len(a) != len(b):
         raise Refused(f"{run_a} and {run_b} hold different examples ({len(a)} and {len(b)} rows of "
-                      f"{split}); another root or example list?")
-    differs = ~(a[identity].astype(str) == b[identity].astype(str)).all(axis=1)
-    if differs.any():
-        row = int(np.flatnonzero(differs.to_numpy())[0])
-        raise Refused(f"{run_a} and {run_b} hold different examples: row {row + 2} of {PREDICTIONS} is "
-                      f"{a.loc[row, described[0]]} in one and {b.loc[row, described[0]]} in the other; another "
-                      f"root or example list?")
+                      f"{split}); another example list?")
+    key_a, key_b = (_identities(table, described, labels) for table in (a, b))
+    rows_b = pd.Series(np.arange(len(b)), index=key_b)
+    missing = ~key_a.isin(rows_b.index)
+    if missing.any():
+        row = int(np.flatnonzero(missing)[0])
+        raise Refused(f"{run_a} and {run_b} hold different examples: {a.loc[row, described[0]]} (row {row + 2} of "
+                      f"{PREDICTIONS} in {run_a}) has no match in {run_b}; another example list?")
+    b = b.iloc[rows_b[key_a].to_numpy()].reset_index(drop=True)  # B's rows in A's order
     scored = a[class_names].notna().all(axis=1) & b[class_names].notna().all(axis=1)
     if not scored.any():
         raise Refused(f"{run_a} and {run_b} share no example that both runs scored")
@@ -101,6 +113,20 @@ def paired_examples(run_a, run_b, split):
     units = a[entry.unit].to_numpy() if entry.unit in a else np.arange(len(a))
     return (dataset_a, entry, class_names, a[labels].to_numpy(), a[class_names].to_numpy(), b[class_names].to_numpy(),
             units, int((~scored).sum()))
+
+
+def _identities(table, described, labels) -> pd.Index:
+    """Each row's identity as an example of its dataset, whatever root the run read it under: its image paths
+    relative to the deepest folder that holds every image of the table, its fold and unit, its labels, and its
+    occurrence among equal rows."""
+    paths = [column for column in described if column.startswith("path")]
+    folders = [os.path.dirname(str(path)) for column in paths for path in table[column]]
+    root = os.path.commonpath(folders) if folders else ""
+    parts = [table[column].astype(str).map(lambda path: os.path.relpath(path, root)) for column in paths]
+    parts += [table[column].astype(str) for column in described if column not in paths]
+    parts += [table[column].astype(str) for column in labels]
+    joined = pd.concat(parts, axis=1).agg("\x1f".join, axis=1)
+    return pd.Index(joined + "\x1f" + joined.groupby(joined).cumcount().astype(str))
 
 
 def compare(run_a, run_b, split="test", resamples=1000, seed=42):
@@ -143,6 +169,10 @@ def _text(rows, header) -> str:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if args.resamples < MIN_RESAMPLES:
+        print(f"compare: --resamples={args.resamples} is below {MIN_RESAMPLES}, the fewest that leave a resample "
+              f"beyond each bound of a 95% interval; use {MIN_RESAMPLES} or more (default 1000)", file=sys.stderr)
+        return 2
     try:
         header, rows = compare(args.run_a, args.run_b, args.split, args.resamples, args.seed)
     except Refused as refused:

@@ -124,6 +124,12 @@ def integers(low=1, length=None) -> Key:
     return Key(allowed, accepts)
 
 
+# The fewest bootstrap resamples that leave one beyond each bound of a percentile interval of 95 in 100 (one in
+# 40 on each side): with fewer, a bound is the most extreme resample, and the interval may miss the estimate.
+MIN_RESAMPLES = 40
+BOOTSTRAP = Key(f"0 (no intervals) or an integer >= {MIN_RESAMPLES} (a 95% interval needs a resample beyond each "
+                f"bound)", lambda value: _is_int(value) and (value == 0 or value >= MIN_RESAMPLES))
+
 PROFILE_STEPS = _with_null(Key("[start, stop]: two integers with 0 <= start < stop",
                                lambda value: integers(0, length=2).accepts(value) and value[0] < value[1]),
                            "no profile")
@@ -148,9 +154,10 @@ def _range(value, low, high, low_open=False) -> bool:
 
 
 # data/preprocessing.py `random_resized_crop`: a share of the area, and width / height.
-CROP = _with_null(Key("{scale: [low, high], ratio: [low, high]} (either may be left out) with 0 < low <= high <= 1 "
-                      "for scale and 0 < low <= high for ratio",
-                      lambda value: isinstance(value, dict) and set(value) <= {"scale", "ratio"}
+CROP = _with_null(Key("{scale: [low, high], ratio: [low, high]} (either may be left out, not both) with "
+                      "0 < low <= high <= 1 for scale and 0 < low <= high for ratio",
+                      lambda value: isinstance(value, dict) and any(part is not None for part in value.values())
+                      and set(value) <= {"scale", "ratio"}
                       and all(value[part] is None or _range(value[part], 0, limit, low_open=True)
                               for part, limit in (("scale", 1), ("ratio", math.inf)) if part in value)),
                   "no crop")
@@ -235,7 +242,7 @@ _MIXES = "it mixes one-class labels into class distributions"
 class Evaluation:
     """evaluation.*: the bootstrap intervals of each evaluation's record (conf/config.yaml)."""
 
-    bootstrap: int = key(integer(0), RUN_CONTROL)
+    bootstrap: int = key(BOOTSTRAP, RUN_CONTROL)
 
 
 @dataclass(frozen=True, kw_only=True)

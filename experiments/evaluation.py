@@ -5,7 +5,8 @@ Each role's main evaluates through one `Evaluator` (experiments/sections.py `eva
 (experiments/runner.py), mode=evaluate and predict (experiments/checkpoint_modes.py), the sidecar evaluator
 (experiments/sidecar.py). metrics.json is the training run's last evaluation, which a resumed run reads: an
 evaluation of the test split, or mode=evaluate of a checkpoint older than the one metrics.json holds, is written
-beside it (`BESIDE`) and never replaces it.
+beside it (`BESIDE`) and never replaces it; each such record is appended to that file's history too
+(`metrics_test.jsonl`), so a test evaluation of another checkpoint keeps the earlier one's.
 """
 import logging
 import time
@@ -16,6 +17,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
+from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
 from tf_harness.experiments import heatmaps, intervals, metrics, metrics_history
@@ -112,10 +114,13 @@ class Evaluator:
         scores = metrics.probabilities(self.spec.task, logits)
         values = {"loss": total_loss / max(count, 1),
                   **metrics.scored(self.spec.task, self.spec.class_names, labels, scores)}
+        notes = {}
         if count == len(table):  # a protocol's metrics (LFW's folds) are defined on the whole split only
             values.update(self.task.protocol_metrics(table, scores))
+            notes = self.task.protocol_notes(table)
         # Only the process that writes the record resamples: the intervals go nowhere else.
         bounds, how = self._intervals(labels, scores, scored.iloc[:len(counted)][counted]) if self.write else ({}, {})
+        bounds = {**bounds, **notes}
         self.note_unreadable()  # skipped.csv lists the rows this evaluation could not count
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)
@@ -126,7 +131,7 @@ class Evaluator:
             held = evaluated_record(self.model_dir) if self.write and (self.beside or self.chosen) else None
             later = held["global_step"] if held else None
             if self.chosen and later is not None and later > step:  # mode=evaluate of an older checkpoint
-                write_metrics(self.model_dir, {**record, "checkpoint": self.chosen}, BESIDE[self.split])
+                self._write_beside({**record, "checkpoint": self.chosen}, self.split)
                 log.info("metrics.json holds the training run's evaluation of global step %d and is left as it is; "
                          "this one, of checkpoint=%s, is in %s", later, self.chosen, BESIDE[self.split])
             elif self.write:  # metrics.jsonl before metrics.json: a kill between the two redoes the evaluation
@@ -155,16 +160,18 @@ class Evaluator:
         labels = np.asarray(scored.label.tolist())
         values = {"loss": total_loss / max(count, 1),
                   **metrics.scored(self.spec.task, self.spec.class_names, labels, scores[counted])}
+        notes = {}
         if count == len(table):
             values.update(self.task.protocol_metrics(table, scores))
+            notes = self.task.protocol_notes(table)
         began = time.monotonic()
         bounds, how = self._intervals(labels, scores[counted], scored)
         values.update(bounds)
         self.note_unreadable()
-        record = {**values, "global_step": step, "examples": count, "split_examples": len(table), "split": split,
-                  "checkpoint": self.chosen, "bootstrap": how}
+        record = {**values, **notes, "global_step": step, "examples": count, "split_examples": len(table),
+                  "split": split, "checkpoint": self.chosen, "bootstrap": how}
         if self.write:
-            write_metrics(self.model_dir, record, BESIDE[split])
+            self._write_beside(record, split)
         self.last_values = values
         headline = metrics.headline(self.spec.task)
         interval = values.get(f"{headline}/ci95")
@@ -174,6 +181,13 @@ class Evaluator:
                  f"{how['over']}, {time.monotonic() - began:.1f} s)" if interval else "",
                  self.model_dir / BESIDE[split])
         return values
+
+    def _write_beside(self, record, split):
+        """Writes `record` to `BESIDE[split]` (the last such evaluation) after appending it to that file's history,
+        `<name>.jsonl`, so that an evaluation of another checkpoint never takes an earlier one's place silently."""
+        history = f"{BESIDE[split].removesuffix('.json')}.jsonl"
+        metrics_history.append(self.model_dir, record, name=history)
+        write_metrics(self.model_dir, record, BESIDE[split])
 
     def _intervals(self, labels, scores, scored):
         """Each metric's `<metric>/ci95` over the `scored` rows (their `labels` and `scores`), and the record's
@@ -220,7 +234,8 @@ class Evaluator:
         predictions = pd.concat(columns, axis=1)
         predictions["global_step"] = self.trainer.step
         predictions["split"] = split
-        predictions.to_csv(self.model_dir / "predictions.csv", index=False)
+        with replacing(self.model_dir / "predictions.csv", newline="") as f:  # whole, or the earlier one
+            predictions.to_csv(f, index=False)
         log.info("Wrote %d predictions for the %s split at global step %d to %s", len(predictions), split,
                  self.trainer.step, self.model_dir / "predictions.csv")
         return predictions

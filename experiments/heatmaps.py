@@ -3,7 +3,9 @@
 The heatmap of (image, class) is the model's last spatial feature map (`feature_layer`), each channel weighted by
 the mean gradient of the class's logit with respect to it, summed, kept positive, scaled to [0, 1] and resized to
 the image. `mode=predict heatmaps=N` writes overlays of the N (example, class) pairs of the highest scores
-(`write_top`); each evaluation shows a fixed few validation images' overlays in TensorBoard (`ValidationHeatmaps`).
+(`write_top`), and removes the overlays an earlier index listed that the new one does not, so that the folder holds
+what its index lists; each evaluation shows a fixed few validation images' overlays in TensorBoard
+(`ValidationHeatmaps`).
 Datasets of single images only: experiments/schema.py refuses heatmaps for pairs.
 """
 import logging
@@ -18,6 +20,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tf_harness.data.errors import ConfigError
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
 
 log = logging.getLogger(__name__)
@@ -117,11 +120,30 @@ def write_top(task, trainer, predictions, count, model_dir, batch_size=16) -> Pa
             rows.append({"file": file.name, "path": path, "class": names[k],
                          "score": float(predictions[names[k]].iloc[row]), "peak_row": int(peak[0]),
                          "peak_column": int(peak[1]), "height": heatmap.shape[0], "width": heatmap.shape[1]})
+    stale = _listed(folder / INDEX) - {row["file"] for row in rows}
     with replacing(folder / INDEX) as f:
         pd.DataFrame(rows, columns=["file", "path", "class", "score", "peak_row", "peak_column", "height",
                                     "width"]).to_csv(f, index=False)
-    log.info("heatmaps=%d: wrote %d Grad-CAM overlay(s) of the highest scores to %s", count, len(rows), folder)
+    for name in stale:  # an earlier predict's overlays that the new index does not list
+        (folder / name).unlink(missing_ok=True)
+    log.info("heatmaps=%d: wrote %d Grad-CAM overlay(s) of the highest scores to %s%s", count, len(rows), folder,
+             f", and removed {len(stale)} an earlier index listed" if stale else "")
     return folder
+
+
+def _listed(index) -> set:
+    """The overlay files an earlier heatmaps/index.csv lists (plain names in its folder); none when there is no
+    index, and none, with a warning, when it cannot be read: then no file is removed."""
+    try:
+        with reading.open_file(index, "r", newline="") as file:
+            names = pd.read_csv(file, usecols=["file"], dtype=str)["file"].dropna()
+    except FileNotFoundError:
+        return set()
+    except (OSError, ValueError) as error:
+        log.warning("%s cannot be read (%s); the overlays it listed are left as they are", index,
+                    type(error).__name__)
+        return set()
+    return {name for name in names if name == Path(name).name and name.endswith(".png")}
 
 
 class ValidationHeatmaps:

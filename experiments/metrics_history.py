@@ -1,10 +1,12 @@
 """metrics.jsonl: every evaluation of a run, one JSON object a line, in the order they were made.
 
 metrics.json holds the last evaluation only; metrics.jsonl beside it keeps them all, each with its `global_step`
-and `time` (seconds since the epoch). A run that is re-entered (resumed, `mode=evaluate`, the sidecar evaluator)
-appends to the file it finds. Each line is written with one append, flushed to disk, so a kill leaves at worst
-its last line cut short: the next append starts on a new line, and a reader skips a line that is not a JSON
-object, with a warning, never failing the run.
+and `time` (seconds since the epoch). So do `metrics_test.jsonl` and `metrics_validation.jsonl` for the records
+kept beside metrics.json (a test split's, an older checkpoint's): each evaluation of them, whichever checkpoint.
+A run that is re-entered (resumed, `mode=evaluate`, the sidecar evaluator) appends to the file it finds. Each
+line is written with one append, flushed to disk, so a kill leaves at worst its last line cut short: the next
+append starts on a new line, and a reader skips a line that is not a JSON object, with a warning, never failing
+the run.
 
 A step may appear twice: an evaluation killed after its line was written is redone on resume, and a run resumed
 from a checkpoint older than its last evaluations evaluates those steps again. The last line of a step is the
@@ -36,10 +38,10 @@ def _clean(values: dict) -> dict:
     return clean
 
 
-def append(model_dir, record: dict, now=time.time) -> None:
-    """Appends one evaluation's `record` (its metrics, `global_step` and counts) to `<model_dir>/metrics.jsonl`,
-    with its `time`."""
-    path = Path(model_dir) / NAME
+def append(model_dir, record: dict, now=time.time, name=NAME) -> None:
+    """Appends one evaluation's `record` (its metrics, `global_step` and counts) to `<model_dir>/<name>`
+    (metrics.jsonl, or the history of a record kept beside metrics.json: `metrics_test.jsonl`), with its `time`."""
+    path = Path(model_dir) / name
     line = json.dumps({**_clean(record), "time": now()}, sort_keys=True) + "\n"
     descriptor = reading.open_descriptor(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

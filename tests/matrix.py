@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from tf_harness.data import TASKS
-from tf_harness.experiments.config_keys import DECLARED, MODES, RECIPES
+from tf_harness.experiments.config_keys import DECLARED, MIN_RESAMPLES, MODES, RECIPES
 from tf_harness.models import BUILDERS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -40,7 +40,7 @@ TINY = {
 TOLERANCE = 1e-4
 BOUNDS = {"float32": TOLERANCE, "float16": 1e-3, "bfloat16": 5e-3}
 # Every cell: the smoke experiment's few steps, few bootstrap resamples, a checkpoint at each evaluation.
-COMMON = ("experiment=smoke", "evaluation.bootstrap=40")
+COMMON = ("experiment=smoke", f"evaluation.bootstrap={MIN_RESAMPLES}")
 HEATMAPS = 3  # overlays mode=predict writes where the dataset has single images
 RESUMED_STEPS = 6  # mode=train goes on from the smoke experiment's 4 steps to this
 

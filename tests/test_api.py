@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tests.conftest import PROJECT, run_cli
+from tests.conftest import PROJECT, lock_holder, run_cli
+from tests.shared_runs import SMOKE as SHARED_SMOKE
 
 # The script a user would write: train with an action of its own, evaluate again, then a config the schema refuses.
 _SCRIPT = """
@@ -101,3 +102,24 @@ def test_a_config_error_raises_the_line_the_command_line_prints(script, tmp_path
     assert not run_dir.with_name("run-bad").exists()  # refused before anything was written
     cli = run_cli("dataset=lfw_pairs", "trainer.train_steps=banana", f"hydra.run.dir={tmp_path / 'bad'}")
     assert cli.returncode == 2 and cli.stderr.strip().splitlines()[-1] == value_line
+
+
+def test_a_run_from_python_lets_go_of_its_run_directory_when_it_returns_or_raises(shared_runs, tmp_path):
+    """A notebook's api.run kept the run directory's lock until the Python process exited: a command-line
+    mode=evaluate on the folder was refused "in use by pid" meanwhile."""
+    from tf_harness.experiments import api
+    from tf_harness.experiments.actions import Action
+
+    run_dir = shared_runs.copy(*SHARED_SMOKE["lfw_pairs"], to=tmp_path / "run")
+    api.run(["mode=evaluate"], run_dir=str(run_dir))
+    with lock_holder(run_dir):  # another process takes the lock at once
+        pass
+
+    class Failing(Action):
+        def after_loop(self, step, loop):
+            raise RuntimeError("an action's own failure")
+
+    with pytest.raises(Exception, match="an action's own failure"):
+        api.run(["mode=train", "trainer.train_steps=6"], run_dir=str(run_dir), actions=[Failing()])
+    with lock_holder(run_dir):
+        pass

@@ -13,7 +13,7 @@ from tf_harness.data.preprocessing import Preprocessing, random_resized_crop
 from tf_harness.experiments import class_weights, heatmaps, schema
 from tf_harness.experiments.settings import Settings
 from tests.conftest import compose, event_tags, run_cli, task_of
-from tests.refusals import assert_config_error
+from tests.refusals import assert_config_error, raises_naming
 
 STEP = tf.constant(7, tf.int64)
 
@@ -84,6 +84,17 @@ def test_class_weights_are_written_once_and_read_back_on_reentry(tmp_path):
         class_weights.prepare(settings, settings.task(), {}, tmp_path)
 
 
+@pytest.mark.parametrize("weight", [-2.0, 0.0, "NaN", "Infinity"])
+def test_a_class_weight_that_is_not_a_finite_positive_number_is_refused_naming_the_file(tmp_path, weight):
+    """A negative weight in class_weights.json was used silently; a NaN one surfaced only as a non-finite loss."""
+    settings = Settings.from_config(compose("dataset=chest_xray", "trainer.class_weights=balanced"))
+    names = settings.task().SPEC.class_names
+    weights = ", ".join(f'"{name}": {weight if i == 3 else 1.0}' for i, name in enumerate(names))
+    (tmp_path / class_weights.FILE).write_text(f'{{"positive_weights": {{{weights}}}}}')
+    with raises_naming(DatasetError, tmp_path / class_weights.FILE, names[3]):
+        class_weights.prepare(settings, settings.task(), {}, tmp_path)
+
+
 def test_without_class_weights_nothing_is_written(tmp_path):
     settings = Settings.from_config(compose("dataset=chest_xray"))
     task = settings.task()
@@ -100,6 +111,8 @@ def test_without_class_weights_nothing_is_written(tmp_path):
     (("pipeline.random_resized_crop={scale:[0.6,0.5]}",), "pipeline.random_resized_crop="),
     (("pipeline.random_resized_crop={ratio:[2,1]}",), "pipeline.random_resized_crop="),
     (("pipeline.random_resized_crop={size:[2,1]}",), "pipeline.random_resized_crop="),
+    (("pipeline.random_resized_crop={}",), "pipeline.random_resized_crop={}"),  # it turned the default crop on
+    (("pipeline.random_resized_crop={scale:null}",), "pipeline.random_resized_crop="),
     (("trainer.label_smoothing=1",), "trainer.label_smoothing=1"),
     (("trainer.class_weights=inverse",), "trainer.class_weights=inverse"),
     (("dataset=imagenet_det", "trainer.class_weights=balanced"), "trainer.class_weights=balanced"),
@@ -120,7 +133,7 @@ def test_bad_recipe_values_are_refused_naming_the_key(overrides, named):
     ("dataset=imagenet_det", "pipeline.mixup_alpha=0.2", "pipeline.cutmix_alpha=1.0", "trainer.label_smoothing=0.1",
      "pipeline.random_resized_crop={scale:[0.25,1]}"),
     ("dataset=chest_xray", "trainer.class_weights=balanced", "pipeline.random_resized_crop={ratio:[0.9,1.1]}"),
-    ("dataset=lfw_pairs", "pipeline.random_resized_crop={}"),
+    ("dataset=lfw_pairs", "pipeline.random_resized_crop={ratio:null,scale:[0.5,1]}"),
     ("dataset=imagenet_det", "mode=predict", "heatmaps=8"),
 ])
 def test_recipes_where_they_fit_pass_the_check(overrides):
@@ -346,6 +359,25 @@ def test_an_evaluation_shows_the_first_validation_images_heatmaps(tmp_path):
     assert "heatmaps" in tags
     event, = accumulator.Tensors("heatmaps")
     assert event.step == 3 and len(event.tensor_proto.string_val) == 2 + heatmaps.SHOWN  # width, height, images
+
+
+def test_fewer_heatmaps_after_more_leave_the_folder_holding_what_its_index_lists(tmp_path):
+    """heatmaps=3 after heatmaps=12 left the 12 old overlays beside an index of 3."""
+    from types import SimpleNamespace
+
+    images = {f"{k}.png": np.full((8, 8, 1), 20 * k, np.uint8) for k in range(6)}
+    task = SimpleNamespace(SPEC=SimpleNamespace(class_names=("bright", "dark")),
+                           read_image=lambda path: tf.constant(images[path.numpy().decode()]))
+    trainer = SimpleNamespace(model=_spot_model(), preprocess=Preprocessing(False, False, "unit_range", 0))
+    predictions = pd.DataFrame({"path": list(images), "bright": np.linspace(0.1, 0.6, 6),
+                                "dark": np.linspace(0.9, 0.4, 6)})
+    folder = heatmaps.write_top(task, trainer, predictions, 8, tmp_path)
+    (folder / "mine.png").write_bytes(b"a user's own file")
+    assert len(list(folder.glob("*.png"))) == 9
+    heatmaps.write_top(task, trainer, predictions, 3, tmp_path)
+    index = pd.read_csv(folder / heatmaps.INDEX)
+    assert sorted(path.name for path in folder.glob("*.png")) == sorted([*index.file, "mine.png"])
+    assert len(index) == 3
 
 
 def test_a_backbone_nested_as_one_layer_has_no_heatmaps_and_says_so(tmp_path):

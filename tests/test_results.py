@@ -6,6 +6,7 @@ explicit index arrays, never against the vectorised code itself.
 """
 import contextlib
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -120,9 +121,29 @@ def test_lfw_verification_rates_per_fold_follow_their_definitions():
         closest = np.argmin(np.abs(accept - (1 - true)))  # where false accepts and false rejects cross
         rates["eer"].append((accept[closest] + 1 - true[closest]) / 2)
     for name, values in rates.items():
+        if name == "tar_at_far_1e-3":  # 150 different pairs a fold resolve false accept rates down to 1/150 alone
+            assert math.isnan(found[name]) and math.isnan(found[f"{name}/std"])
+            continue
         tolerance = 1 / 150 if name == "eer" else 1e-12  # the EER is interpolated between two thresholds
         assert found[name] == pytest.approx(np.mean(values), abs=tolerance), name
         assert found[f"{name}/std"] == pytest.approx(np.std(values, ddof=1), abs=tolerance), name
+
+
+@pytest.mark.parametrize("different, unresolved", [(150, ["tar_at_far_1e-3"]), (30, ["tar_at_far_1e-2",
+                                                   "tar_at_far_1e-3"]), (1000, [])])
+def test_a_tar_at_a_far_the_folds_cannot_resolve_is_null_with_its_reason(different, unresolved):
+    """On folds of 30 different pairs, tar_at_far_1e-3 was the same number as tar_at_far_1e-2: both the TAR at a
+    FAR of 0, and nothing said so."""
+    rng = np.random.default_rng(11)
+    labels = np.tile(np.repeat([1, 0], different), 3)
+    table = pd.DataFrame({"label": labels, "fold": np.repeat(np.arange(3), 2 * different)})
+    task = task_of(compose("dataset=lfw_pairs"))
+    found = task.protocol_metrics(table, rng.normal(labels * 2.0, 1.0))
+    notes = task.protocol_notes(table)
+    assert sorted(name for name in ("tar_at_far_1e-2", "tar_at_far_1e-3") if math.isnan(found[name])) == unresolved
+    assert sorted(notes) == [f"{name}/null_because" for name in unresolved]
+    for name in unresolved:
+        assert_names(notes[f"{name}/null_because"], f"{different} different-person pairs", f"1/{different}")
 
 
 # The config --------------------------------------------------------------------------------------------------
@@ -132,7 +153,7 @@ def test_lfw_verification_rates_per_fold_follow_their_definitions():
     (("mode=export", "split=validation"), ("split=validation ", "mode=evaluate|predict")),
     (("mode=evaluate", "dataset=imagenet_det", "split=test"), ("split=test:", "dataset=imagenet_det", "no test split")),
     (("mode=evaluate", "split=train"), ("split=train ", "validation|test")),
-    (("evaluation.bootstrap=-1",), ("evaluation.bootstrap=-1 ", ">= 0")),
+    (("evaluation.bootstrap=-1",), ("evaluation.bootstrap=-1 ", ">= 40")),
 ])
 def test_a_bad_split_or_bootstrap_is_one_config_line(overrides, named):
     assert_names(schema.first_problem(compose(*overrides)), *named)
@@ -233,6 +254,19 @@ def test_a_test_evaluation_writes_metrics_test_json_with_sklearns_intervals_and_
     assert {"accuracy/ci95", "eer", "eer/std", "tar_at_far_1e-2/std"} <= set(record)
 
 
+def test_a_test_evaluation_of_another_checkpoint_keeps_the_earlier_ones_record(tmp_path):
+    """`mode=evaluate split=test checkpoint=2`, then `split=test` of the latest, silently replaced the first test
+    record."""
+    (tmp_path / "metrics.json").write_text('{"global_step": 4}')
+    for step, chosen in ((2, 2), (4, "latest")):
+        evaluator, _, _ = _evaluator(tmp_path, step=step, chosen=chosen)
+        evaluator.evaluate("test")
+    assert json.loads((tmp_path / "metrics_test.json").read_text())["global_step"] == 4
+    history = [json.loads(line) for line in (tmp_path / "metrics_test.jsonl").read_text().splitlines()]
+    assert [(record["global_step"], record["checkpoint"]) for record in history] == [(2, 2), (4, "latest")]
+    assert history[0]["auc"] == pytest.approx(json.loads((tmp_path / "metrics_test.json").read_text())["auc"])
+
+
 def test_lfw_predictions_name_each_pairs_fold_and_the_split(tmp_path):
     evaluator, _, _ = _evaluator(tmp_path, step=4)
     evaluator.predict("test")
@@ -304,17 +338,70 @@ def test_compare_refuses_runs_of_other_examples_in_one_line(tmp_path, capsys):
     rng = np.random.default_rng(7)
     a = _chest_predictions(rng)
     run_a = _run(tmp_path / "a", "chest_xray", a)
-    moved = a.copy()
-    moved["path"] = moved.path.str.replace("/data/", "/elsewhere/")
+    renamed = a.copy()
+    renamed.loc[5, "path"] = "/data/images/99999999_000.png"
+    relabelled = a.copy()
+    relabelled.loc[7, "label/Effusion"] = 1 - relabelled.loc[7, "label/Effusion"]
     cases = {"another dataset": _run(tmp_path / "lfw", "lfw_pairs", a),
              "another split": _run(tmp_path / "validation", "chest_xray", _chest_predictions(rng, split="validation")),
-             "another root": _run(tmp_path / "root", "chest_xray", moved),
+             "another example": _run(tmp_path / "renamed", "chest_xray", renamed),
+             "another label": _run(tmp_path / "relabelled", "chest_xray", relabelled),
              "fewer examples": _run(tmp_path / "fewer", "chest_xray", a.iloc[:-1]),
              "no predictions": tmp_path / "none"}
     for why, run_b in cases.items():
         assert compare.main([str(run_a), str(run_b)]) == 2, why
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and err.startswith("compare: "), why
+
+
+def test_compare_refuses_a_predictions_file_cut_mid_row_in_one_line(tmp_path, capsys):
+    """A predictions.csv cut mid-row, as a kill during a plain write left it, ended compare in a TypeError."""
+    a = _chest_predictions(np.random.default_rng(10))
+    run_a, run_b = _run(tmp_path / "a", "chest_xray", a), _run(tmp_path / "b", "chest_xray", a)
+    text = (run_b / "predictions.csv").read_text()
+    (run_b / "predictions.csv").write_text(text[:len(text) // 2])
+    assert compare.main([str(run_a), str(run_b)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert_names(err, run_b / "predictions.csv", "damaged")
+
+
+def test_compare_matches_the_same_examples_under_another_root_and_in_another_order(tmp_path):
+    """The same examples predicted under another mount or HARNESS_CACHE, or written in another order, were refused
+    as "different examples"."""
+    rng = np.random.default_rng(9)
+    a = _chest_predictions(rng)
+    b = a.copy()
+    b[["Atelectasis", "Cardiomegaly", "Effusion"]] = rng.random((300, 3))
+    moved = b.copy()
+    moved["path"] = moved.path.str.replace("/data/", "/mnt/other-machine/nih/")
+    shuffled = moved.sample(frac=1, random_state=3).reset_index(drop=True)
+    run_a = _run(tmp_path / "a", "chest_xray", a)
+    expected = compare.compare(run_a, _run(tmp_path / "b", "chest_xray", b), "test", 100, 42)[1]
+    for name, table in (("moved", moved), ("shuffled", shuffled)):
+        got = compare.compare(run_a, _run(tmp_path / name, "chest_xray", table), "test", 100, 42)[1]
+        assert got == expected, name
+
+
+@pytest.mark.parametrize("resamples", ["0", "-5", "1", "39"])
+def test_compare_refuses_too_few_resamples_for_a_95_interval_in_one_line(tmp_path, capsys, resamples):
+    """--resamples 0 or a negative count ended in an IndexError traceback; 1 gave an interval of one resample."""
+    a = _chest_predictions(np.random.default_rng(8))
+    run_a, run_b = _run(tmp_path / "a", "chest_xray", a), _run(tmp_path / "b", "chest_xray", a)
+    assert compare.main([str(run_a), str(run_b), "--resamples", resamples]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert_names(err, f"--resamples={resamples}", "40")
+    assert compare.main([str(run_a), str(run_b), "--resamples", "40"]) == 0
+
+
+@pytest.mark.parametrize("resamples", [1, 39, -1])
+def test_an_evaluation_bootstrap_too_small_for_a_95_interval_is_a_config_error(resamples):
+    """evaluation.bootstrap=1 gave a "95% interval" that excluded its own estimate."""
+    line = schema.first_problem(compose(f"evaluation.bootstrap={resamples}"))
+    assert_names(line, f"evaluation.bootstrap={resamples}", "40")
+    assert schema.first_problem(compose("evaluation.bootstrap=40")) is None
+    assert schema.first_problem(compose("evaluation.bootstrap=0")) is None
 
 
 @pytest.mark.slow  # four end-to-end LFW runs, about a minute on 2 cores
@@ -344,3 +431,30 @@ def test_test_split_evaluation_predictions_and_compare_end_to_end(tmp_path):
     auc_line = next(line for line in result.stdout.splitlines() if line.startswith("auc "))
     assert f"{roc_auc_score(b.label, b.same) - roc_auc_score(a.label, a.same):+8.4f}" in auc_line
     assert auc_line.endswith("DeLong")
+
+
+def test_predict_replaces_a_named_pipe_at_predictions_csv_whole_without_waiting_on_it(shared_runs, tmp_path):
+    """predictions.csv was written in place with a plain to_csv: a named pipe there made mode=predict hang, and a
+    kill mid-write left a file cut mid-row."""
+    import os
+    import signal
+
+    from tf_harness.experiments import api
+    from tests.shared_runs import SMOKE
+
+    run_dir = shared_runs.copy(*SMOKE["imagenet_det"], to=tmp_path / "run")
+    os.mkfifo(run_dir / "predictions.csv")
+
+    def waited(signum, frame):
+        raise TimeoutError("mode=predict waited on the named pipe at predictions.csv")
+
+    previous = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(120)
+    try:
+        api.run(["mode=predict"], run_dir=str(run_dir))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    predictions = pd.read_csv(run_dir / "predictions.csv")
+    assert (run_dir / "predictions.csv").is_file() and len(predictions) > 0
+    assert not [path.name for path in run_dir.iterdir() if path.name.endswith(".tmp")]

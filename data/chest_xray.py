@@ -265,6 +265,7 @@ class ChestXray(Task):
     """NIH ChestX-ray14 as a 14-label multi-label task; options: ``validation_fraction``."""
 
     SPEC = SPEC
+    IDENTITIES = ("patient", "patient_id", ("patient_id",))
     make_sample = staticmethod(make_sample)
 
     def index(self, root, skipped) -> dict:

@@ -196,6 +196,7 @@ class LfwPairs(Task):
 
     SPEC = SPEC
     DRAWS_TRAINING_RECORDS = True
+    IDENTITIES = ("person", "person", ("name_a", "name_b"))
     make_sample = staticmethod(make_sample)
 
     def index(self, root, skipped) -> dict:

@@ -28,6 +28,7 @@ class Task:
             ``options`` of the class's line in ``TASKS``.
         DRAWS_TRAINING_RECORDS: whether `train_records` draws the training records (else the
             training table's rows are shuffled and repeated).
+        IDENTITIES: who an example is of, where it is of someone, for `seen_in_training`.
         label_smoothing, positive_weights: the options of `loss` (data/losses.py), which the run's settings give
             the Task (``trainer.label_smoothing``, ``trainer.class_weights``); neutral by default.
     """
@@ -35,6 +36,8 @@ class Task:
     SPEC: DatasetSpec
     OPTIONS: tuple = ()
     DRAWS_TRAINING_RECORDS = False
+    # (the unit in words, the training table's column, an evaluated table's columns); None: of no one.
+    IDENTITIES: tuple | None = None
     label_smoothing: float = 0.0
     positive_weights: tuple | None = None
 
@@ -84,6 +87,18 @@ class Task:
     def protocol_metrics(self, table, scores) -> dict:
         """Evaluation numbers the dataset's official protocol defines, from a whole split's scores."""
         return {}
+
+    def seen_in_training(self, tables, split) -> dict | None:
+        """How many of the identities (IDENTITIES) of `split`'s table the training table holds too: {"unit",
+        "seen", "of"}; None where the dataset declares none or a table lacks the columns."""
+        if self.IDENTITIES is None:
+            return None
+        unit, trained, evaluated = self.IDENTITIES
+        train, table = tables.get("train"), tables.get(split)
+        if train is None or table is None or trained not in train or not set(evaluated) <= set(table):
+            return None
+        identities = set().union(*(set(table[column]) for column in evaluated))
+        return {"unit": unit, "seen": len(identities & set(train[trained])), "of": len(identities)}
 
     def protocol_notes(self, table) -> dict:
         """`<metric>/null_because: why` for each protocol metric that `table` cannot resolve, whose value

@@ -168,10 +168,15 @@ class Evaluator:
         bounds, how = self._intervals(labels, scores[counted], scored)
         values.update(bounds)
         self.note_unreadable()
+        seen = self.task.seen_in_training(self.tables, split)  # a test number to report has seen none of them
         record = {**values, **notes, "global_step": step, "examples": count, "split_examples": len(table),
-                  "split": split, "checkpoint": self.chosen, "bootstrap": how}
+                  "split": split, "checkpoint": self.chosen, "bootstrap": how,
+                  **({"seen_in_training": seen} if seen is not None else {})}
         if self.write:
             self._write_beside(record, split)
+        if seen and seen["seen"]:
+            log.warning("%d of the %d %ss of the %s split were in the training split too (metrics_%s.json: "
+                        "seen_in_training)", seen["seen"], seen["of"], seen["unit"], split, split)
         self.last_values = values
         headline = metrics.headline(self.spec.task)
         interval = values.get(f"{headline}/ci95")

@@ -267,6 +267,18 @@ def test_a_test_evaluation_of_another_checkpoint_keeps_the_earlier_ones_record(t
     assert history[0]["auc"] == pytest.approx(json.loads((tmp_path / "metrics_test.json").read_text())["auc"])
 
 
+def test_a_test_record_says_how_many_of_its_people_or_patients_were_in_training():
+    """A default LFW run's test record did not say that 44 of View 2's 66 people were seen in training."""
+    lfw = task_of(compose("dataset=lfw_pairs"))
+    tables = {"train": pd.DataFrame({"person": ["Ann", "Bob", "Cy"]}),
+              "test": pd.DataFrame({"name_a": ["Ann", "Dee", "Eve"], "name_b": ["Ann", "Bob", "Fay"]})}
+    assert lfw.seen_in_training(tables, "test") == {"unit": "person", "seen": 2, "of": 5}
+    chest = task_of(compose("dataset=chest_xray"))
+    tables = {"train": pd.DataFrame({"patient_id": [1, 2]}), "test": pd.DataFrame({"patient_id": [3, 3, 4]})}
+    assert chest.seen_in_training(tables, "test") == {"unit": "patient", "seen": 0, "of": 2}
+    assert task_of(compose("dataset=imagenet_det")).seen_in_training(tables, "test") is None
+
+
 def test_lfw_predictions_name_each_pairs_fold_and_the_split(tmp_path):
     evaluator, _, _ = _evaluator(tmp_path, step=4)
     evaluator.predict("test")

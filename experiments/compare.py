@@ -1,6 +1,7 @@
 """`python -m tf_harness.compare RUN_A RUN_B [--split test]`: is run B better than run A on the same examples?
 
-Reads each run's predictions.csv (mode=predict: `python run.py hydra.run.dir=<run> mode=predict split=test`) and
+Reads each run's predictions of the split (mode=predict: `python run.py hydra.run.dir=<run> mode=predict
+split=test`; predictions.csv, or predictions_<split>.csv for the split predict does not take by default) and
 scores both on the examples they share, which must be the same: the same dataset, split and examples, or it
 refuses in one line, exit 2. An example is matched by what it is in its dataset (its image paths below the folder
 that holds them all, its fold, unit and labels), in any order, so the same examples predicted under another root
@@ -23,8 +24,8 @@ from tf_harness.data import TASKS
 from tf_harness.data.integrity import reading
 from tf_harness.experiments import intervals, metrics
 from tf_harness.experiments.config_keys import MIN_RESAMPLES
+from tf_harness.experiments.evaluation import predictions_file
 
-PREDICTIONS = "predictions.csv"
 SAVED = Path(".hydra") / "config.yaml"
 
 
@@ -45,13 +46,15 @@ def _parser():
 
 
 def read_run(run_dir: Path, split: str):
-    """(dataset name, predictions) of a run directory whose predictions.csv is of `split`."""
+    """(dataset name, predictions) of a run directory's predictions of `split` (experiments/evaluation.py
+    `predictions_file`: predictions.csv, or predictions_<split>.csv)."""
     saved = run_dir / SAVED
     try:
         dataset = OmegaConf.create(reading.read_text(saved)).dataset.name
     except Exception as error:  # noqa: BLE001  any unreadable or foreign file is one line
         raise Refused(f"{saved} cannot be read ({_why(error)}); is {run_dir} a run directory?") from None
-    path = run_dir / PREDICTIONS
+    entry = TASKS.entries.get(dataset)
+    path = run_dir / predictions_file(split, entry is not None and entry.test is not None)
     try:
         with reading.open_file(path, "r") as file:
             predictions = pd.read_csv(file)
@@ -104,7 +107,8 @@ def paired_examples(run_a, run_b, split):
     if missing.any():
         row = int(np.flatnonzero(missing)[0])
         raise Refused(f"{run_a} and {run_b} hold different examples: {a.loc[row, described[0]]} (row {row + 2} of "
-                      f"{PREDICTIONS} in {run_a}) has no match in {run_b}; another example list?")
+                      f"{predictions_file(split, entry.test is not None)} in {run_a}) has no match in {run_b}; "
+                      f"another example list?")
     b = b.iloc[rows_b[key_a].to_numpy()].reset_index(drop=True)  # B's rows in A's order
     scored = a[class_names].notna().all(axis=1) & b[class_names].notna().all(axis=1)
     if not scored.any():

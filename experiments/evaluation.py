@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 
 # Where mode=evaluate writes an evaluation that must not replace metrics.json, by split.
 BESIDE = {"test": "metrics_test.json", "validation": "metrics_validation.json"}
+PREDICTIONS = "predictions.csv"
+
+
+def predictions_file(split, has_test) -> str:
+    """Where mode=predict keeps a split's predictions: predictions.csv for the split it predicts by default (the test
+    split where the dataset has one, else validation), predictions_<split>.csv for the other, so that neither
+    replaces the other."""
+    return PREDICTIONS if split == ("test" if has_test else "validation") else f"predictions_{split}.csv"
 # What a training run adds to its last evaluation's record (experiments/recipes.py): an evaluation of the same
 # step by mode=evaluate keeps them.
 KEPT = ("stopped_early", "best_global_step", "best_value")
@@ -216,11 +224,11 @@ class Evaluator:
         return note
 
     def predict(self, split=None):
-        """Writes predictions.csv, one row per example of `split` (None: the test split where there is one, else
-        validation; with trainer.ema_decay, from the averaged weights): the image path(s), LFW's `fold` and the
-        bootstrap's unit column where the table has them, a probability per class, the true label(s) where the
-        split has them (`label`, or `label/<class>` per class for multi-label), the checkpoint's `global_step`
-        and the `split`. Returns its table (None on a process that does not write)."""
+        """Writes predictions.csv (`predictions_file`), one row per example of `split` (None: the test split where
+        there is one, else validation; with trainer.ema_decay, from the averaged weights): the image path(s), LFW's
+        `fold` and the bootstrap's unit column where the table has them, a probability per class, the true label(s)
+        where the split has them (`label`, or `label/<class>` per class for multi-label), the checkpoint's
+        `global_step` and the `split`. Returns its table (None on a process that does not write)."""
         split = split or ("test" if "test" in self.tables else self.split)
         table = self.tables[split]
         # Every worker takes part: the steps are collective.
@@ -239,10 +247,11 @@ class Evaluator:
         predictions = pd.concat(columns, axis=1)
         predictions["global_step"] = self.trainer.step
         predictions["split"] = split
-        with replacing(self.model_dir / "predictions.csv", newline="") as f:  # whole, or the earlier one
+        path = self.model_dir / predictions_file(split, "test" in self.tables)
+        with replacing(path, newline="") as f:  # whole, or the earlier one
             predictions.to_csv(f, index=False)
         log.info("Wrote %d predictions for the %s split at global step %d to %s", len(predictions), split,
-                 self.trainer.step, self.model_dir / "predictions.csv")
+                 self.trainer.step, path)
         return predictions
 
 

@@ -6,6 +6,7 @@ explicit index arrays, never against the vectorised code itself.
 """
 import contextlib
 import json
+import shutil
 import math
 
 import numpy as np
@@ -277,6 +278,21 @@ def test_a_test_record_says_how_many_of_its_people_or_patients_were_in_training(
     tables = {"train": pd.DataFrame({"patient_id": [1, 2]}), "test": pd.DataFrame({"patient_id": [3, 3, 4]})}
     assert chest.seen_in_training(tables, "test") == {"unit": "patient", "seen": 0, "of": 2}
     assert task_of(compose("dataset=imagenet_det")).seen_in_training(tables, "test") is None
+
+
+def test_predictions_of_the_validation_split_leave_the_test_splits_predictions_csv(tmp_path):
+    """`mode=predict split=validation` silently replaced the test predictions.csv that compare --split test needs."""
+    evaluator, _, _ = _evaluator(tmp_path, step=4)
+    evaluator.predict()
+    evaluator.predict("validation")
+    assert set(pd.read_csv(tmp_path / "predictions.csv").split) == {"test"}
+    assert set(pd.read_csv(tmp_path / "predictions_validation.csv").split) == {"validation"}
+    run_dir = tmp_path / "run"
+    shutil.copytree(tmp_path, run_dir)
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "config.yaml").write_text("dataset:\n  name: lfw_pairs\n")
+    for split in ("test", "validation"):
+        assert compare.read_run(run_dir, split)[1].split.eq(split).all()
 
 
 def test_lfw_predictions_name_each_pairs_fold_and_the_split(tmp_path):

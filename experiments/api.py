@@ -92,17 +92,19 @@ def _run_job(args, actions):
 
 @contextlib.contextmanager
 def _process_state_kept():
-    """Gives the caller's process back as it was: the run takes the run directory's lock, installs its own SIGINT
-    and SIGTERM handlers, and Hydra points the root logger at the run's run.log."""
-    from tf_harness.experiments.run_dir import run_lock
+    """Gives the caller's process back as it was: the run takes the run directory's lock, installs its own SIGINT,
+    SIGTERM and SIGUSR2 handlers and holds signals once it has logged its outcome (experiments/run_dir/
+    interrupts.py), and Hydra points the root logger at the run's run.log."""
+    from tf_harness.experiments.run_dir import interrupts, run_lock
 
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
     root = logging.getLogger()
     kept = list(root.handlers), root.level
     try:
         yield
     finally:
         run_lock.release()
+        interrupts.reset()
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
         for handler in root.handlers:

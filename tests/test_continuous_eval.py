@@ -369,7 +369,8 @@ def test_the_sidecar_never_replaces_the_evaluation_of_a_later_step_in_metrics_js
     from tf_harness.experiments.summaries import Summaries, evaluated_step, write_metrics
 
     spec = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3)
-    task = SimpleNamespace(SPEC=spec, protocol_metrics=lambda table, probabilities: {})
+    task = SimpleNamespace(SPEC=spec, protocol_metrics=lambda table, probabilities: {},
+                           protocol_notes=lambda table: {})
     tables = {"validation": pd.DataFrame({"path_a": ["a", "b"], "path_b": ["c", "d"], "label": [[1], [0]]})}
     import contextlib
     trainer = SimpleNamespace(step=110, averaged=contextlib.nullcontext, eval_step=lambda features, labels, weights: (

@@ -59,7 +59,8 @@ def test_an_evaluation_waiting_for_a_batch_says_so_and_stops_at_a_signal(tmp_pat
 
     monkeypatch.setattr(blocking, "INTERVAL", 1.0)
     spec = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3)
-    task = SimpleNamespace(SPEC=spec, protocol_metrics=lambda table, probabilities: {})
+    task = SimpleNamespace(SPEC=spec, protocol_metrics=lambda table, probabilities: {},
+                           protocol_notes=lambda table: {})
     tables = {"validation": pd.DataFrame({"path_a": ["a", "b"], "path_b": ["c", "d"], "label": [[1], [0]]})}
     trainer = SimpleNamespace(step=4, averaged=contextlib.nullcontext)
     never = _Never()

@@ -95,6 +95,16 @@ def started() -> None:
     raise_held()
 
 
+def reset() -> None:
+    """The module's state as a new process has it: no signal held, no block deferring, no job finished, no
+    launcher's handler. A run from Python (experiments/api.py) calls it on its way out, so that the caller's
+    process handles signals afterwards as it did before."""
+    global _deferring, _finished, _requeue
+    _pending.clear()
+    _deferring = _finished = False
+    _requeue = None
+
+
 @contextlib.contextmanager
 def deferred():
     """Runs the block whole: SIGINT or SIGTERM arriving inside it is raised as Interrupted once it ends.

@@ -11,8 +11,8 @@ test:
 - a refused cell is a recipe on a dataset of a kind it does not fit, a model whose inputs the dataset does not
   give, or heatmaps on a dataset of pairs: each is the one config-error line naming the key.
 
-`TrainedRuns` trains each cell once per test session, in this process (experiments/api.py, the command line's
-path), so that every test reading a trained run shares it.
+`TrainedRuns` trains each cell once per test session, in this process, through the session's shared runs
+(tests/shared_runs.py: experiments/api.py, the command line's own path), so that every test reading it shares it.
 """
 import csv
 import dataclasses

@@ -29,16 +29,20 @@ log = logging.getLogger(__name__)
 # Where mode=evaluate writes an evaluation that must not replace metrics.json, by split.
 BESIDE = {"test": "metrics_test.json", "validation": "metrics_validation.json"}
 PREDICTIONS = "predictions.csv"
-
-
-def predictions_file(split, has_test) -> str:
-    """Where mode=predict keeps a split's predictions: predictions.csv for the split it predicts by default (the test
-    split where the dataset has one, else validation), predictions_<split>.csv for the other, so that neither
-    replaces the other."""
-    return PREDICTIONS if split == ("test" if has_test else "validation") else f"predictions_{split}.csv"
 # What a training run adds to its last evaluation's record (experiments/recipes.py): an evaluation of the same
 # step by mode=evaluate keeps them.
 KEPT = ("stopped_early", "best_global_step", "best_value")
+
+
+def predicted_split(has_test) -> str:
+    """The split mode=predict takes by default: the test split where the dataset has one, else validation."""
+    return "test" if has_test else "validation"
+
+
+def predictions_file(split, has_test) -> str:
+    """Where mode=predict keeps a split's predictions: predictions.csv for the split it takes by default
+    (`predicted_split`), predictions_<split>.csv for the other, so that neither replaces the other."""
+    return PREDICTIONS if split == predicted_split(has_test) else f"predictions_{split}.csv"
 
 
 class Evaluator:
@@ -122,10 +126,8 @@ class Evaluator:
         scores = metrics.probabilities(self.spec.task, logits)
         values = {"loss": total_loss / max(count, 1),
                   **metrics.scored(self.spec.task, self.spec.class_names, labels, scores)}
-        notes = {}
-        if count == len(table):  # a protocol's metrics (LFW's folds) are defined on the whole split only
-            values.update(self.task.protocol_metrics(table, scores))
-            notes = self.task.protocol_notes(table)
+        protocol, notes = self._protocol(table, scores, count)
+        values.update(protocol)
         # Only the process that writes the record resamples: the intervals go nowhere else.
         bounds, how = self._intervals(labels, scores, scored.iloc[:len(counted)][counted]) if self.write else ({}, {})
         bounds = {**bounds, **notes}
@@ -168,10 +170,8 @@ class Evaluator:
         labels = np.asarray(scored.label.tolist())
         values = {"loss": total_loss / max(count, 1),
                   **metrics.scored(self.spec.task, self.spec.class_names, labels, scores[counted])}
-        notes = {}
-        if count == len(table):
-            values.update(self.task.protocol_metrics(table, scores))
-            notes = self.task.protocol_notes(table)
+        protocol, notes = self._protocol(table, scores, count)
+        values.update(protocol)
         began = time.monotonic()
         bounds, how = self._intervals(labels, scores[counted], scored)
         values.update(bounds)
@@ -183,8 +183,8 @@ class Evaluator:
         if self.write:
             self._write_beside(record, split)
         if seen and seen["seen"]:
-            log.warning("%d of the %d %ss of the %s split were in the training split too (metrics_%s.json: "
-                        "seen_in_training)", seen["seen"], seen["of"], seen["unit"], split, split)
+            log.warning("%d of the %d %ss of the %s split were in the training split too (%s: seen_in_training)",
+                        seen["seen"], seen["of"], seen["unit"], split, BESIDE[split])
         self.last_values = values
         headline = metrics.headline(self.spec.task)
         interval = values.get(f"{headline}/ci95")
@@ -194,6 +194,14 @@ class Evaluator:
                  f"{how['over']}, {time.monotonic() - began:.1f} s)" if interval else "",
                  self.model_dir / BESIDE[split])
         return values
+
+    def _protocol(self, table, scores, count) -> tuple:
+        """(the dataset's protocol metrics, `<metric>/null_because` for those it cannot resolve) of `table`'s
+        `scores`; none unless all `count` examples were scored: a protocol (LFW's folds) is defined on the whole
+        split only."""
+        if count != len(table):
+            return {}, {}
+        return self.task.protocol_metrics(table, scores), self.task.protocol_notes(table)
 
     def _write_beside(self, record, split):
         """Writes `record` to `BESIDE[split]` (the last such evaluation) after appending it to that file's history,
@@ -229,7 +237,7 @@ class Evaluator:
         `fold` and the bootstrap's unit column where the table has them, a probability per class, the true label(s)
         where the split has them (`label`, or `label/<class>` per class for multi-label), the checkpoint's
         `global_step` and the `split`. Returns its table (None on a process that does not write)."""
-        split = split or ("test" if "test" in self.tables else self.split)
+        split = split or predicted_split("test" in self.tables)
         table = self.tables[split]
         # Every worker takes part: the steps are collective.
         with logging_redirect_tqdm(), self.trainer.averaged():

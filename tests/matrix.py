@@ -173,6 +173,13 @@ def finite_numbers(record, where="", notes=None):
     return count
 
 
+def class_columns(columns) -> list:
+    """The columns of a predictions.csv that hold a class's probability: all but the paths, what describes the
+    example and the labels."""
+    described = ("path", "path_a", "path_b", "global_step", "split", "fold", "patient_id")
+    return [column for column in columns if column not in described and not column.startswith("label")]
+
+
 def served_difference(export_dir, predictions_csv) -> tuple:
     """(the largest absolute difference between the export's probabilities for predictions.csv's files and the
     file's own, rows compared), the export loaded with TensorFlow alone."""
@@ -183,8 +190,7 @@ def served_difference(export_dir, predictions_csv) -> tuple:
         rows = list(csv.DictReader(f))
     inputs = sorted(serve.structured_input_signature[1])
     columns = {"image_bytes": "path", "image_bytes_a": "path_a", "image_bytes_b": "path_b"}
-    described = ("global_step", "split", "fold", "patient_id")
-    classes = [c for c in rows[0] if c not in columns.values() and c not in described and not c.startswith("label")]
+    classes = class_columns(rows[0])
     expected = np.array([[float(row[c]) for c in classes] for row in rows])
     kept = ~np.isnan(expected).any(axis=1)
     feed = {name: tf.constant([Path(row[columns[name]]).read_bytes() for row, keep in zip(rows, kept) if keep])

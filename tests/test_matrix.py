@@ -16,6 +16,7 @@ from tf_harness.data import TASKS
 from tf_harness.experiments import api
 from tf_harness.experiments import compare as compare_module
 from tf_harness.experiments.config_keys import MODES, RECIPES
+from tf_harness.experiments.evaluation import predicted_split
 from tf_harness.models import BUILDERS
 
 CELLS = matrix.cells()
@@ -81,13 +82,12 @@ def _check_step(cell, run_dir, mode, overrides, returned):
         recorded = json.loads((run_dir / "metrics.json").read_text())
         assert recorded["global_step"] == matrix.RESUMED_STEPS and matrix.finite_numbers(recorded) > 2, where
     elif mode == "evaluate":
-        name = "metrics_test.json" if "split=test" in overrides else "metrics.json"
-        record = json.loads((run_dir / name).read_text())
+        record = json.loads(written.read_text())
         assert matrix.finite_numbers(record, where) > 2
         assert any(key.endswith("/ci95") for key in record), where
     elif mode == "predict":
         predictions = pd.read_csv(run_dir / "predictions.csv")
-        scores = predictions[list(_classes(cell, predictions))].to_numpy()
+        scores = predictions[matrix.class_columns(predictions.columns)].to_numpy()
         assert len(predictions) and ((scores >= 0) & (scores <= 1)).all(), where
         if cell.single:
             index = pd.read_csv(run_dir / "heatmaps" / "index.csv")
@@ -100,11 +100,6 @@ def _check_step(cell, run_dir, mode, overrides, returned):
         difference, rows = matrix.served_difference(exported[0], run_dir / "predictions.csv")
         print(f"{where}export reproduces {rows} rows of predictions.csv within {difference:.3g}")
         assert rows and difference <= matrix.BOUNDS[cell.dtype], where
-
-
-def _classes(cell, predictions):
-    return [column for column in predictions.columns if column not in ("path", "path_a", "path_b", "patient_id",
-            "global_step", "split", "fold") and not column.startswith("label")]
 
 
 @pytest.mark.slow
@@ -126,7 +121,7 @@ def test_compare_reads_a_16_bit_cell_against_its_float32_one(cell, trained_runs,
     baseline = matrix.Cell(cell.dataset, cell.model, "float32")
     run_a, _ = trained_runs.walked(baseline)
     run_b, _ = trained_runs.walked(cell)
-    split = "test" if cell.test_split else "validation"
+    split = predicted_split(cell.test_split)
     assert compare_module.main([str(run_a), str(run_b), "--split", split, "--resamples", "50"]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines[2:]]

@@ -37,6 +37,9 @@ from tf_harness.data.integrity import atomic_file, locks, reading
 
 log = logging.getLogger(__name__)
 FLAG = "--tf_xla_persistent_cache_directory"
+# Names the flags `enable` added to TF_XLA_FLAGS, so a process this one starts, which inherits them, tells them
+# from a user's own and takes a private folder of its own.
+ADDED = "HARNESS_XLA_FLAGS_ADDED"
 _LOCK = ".lock"
 RECORD = ".sha256"  # an entry's record is its name with this added
 # A record this old without its entry was left by a publisher that died between the two: another may replace it.
@@ -84,7 +87,7 @@ def enable(cache_home) -> Path | None:
     global _private, _shared, _lock
     if _shared is not None:
         return _shared
-    flags = os.environ.get("TF_XLA_FLAGS", "")
+    flags = _users_flags()
     if FLAG in flags:
         _note.append((logging.INFO, "TF_XLA_FLAGS names its own XLA cache folder; using it as it is"))
         return None
@@ -99,13 +102,21 @@ def enable(cache_home) -> Path | None:
     unnamed.rename(private)
     problems = [_seed(entry, private / entry.name) for entry in sorted(shared.glob("*.pb"))]
     prefix = f"tf{_version()}".replace(".", "_") + "_"
-    os.environ["TF_XLA_FLAGS"] = f"{flags} {FLAG}={private} --tf_xla_persistent_cache_prefix={prefix}".strip()
+    added = f"{FLAG}={private} --tf_xla_persistent_cache_prefix={prefix}"
+    os.environ["TF_XLA_FLAGS"], os.environ[ADDED] = f"{flags} {added}".strip(), added
     _private, _shared = private, shared
     atexit.register(_close)
     seeded = sum(problem is None for problem in problems)
     _note.append((logging.INFO, f"XLA programs are cached in {shared} ({seeded} there already)"))
     _note.extend((logging.WARNING, problem) for problem in problems if problem)
     return shared
+
+
+def _users_flags() -> str:
+    """TF_XLA_FLAGS without what the `enable` of the process that started this one added: that names the
+    parent's private folder, which this process must not write into."""
+    flags, added = os.environ.get("TF_XLA_FLAGS", ""), os.environ.get(ADDED, "")
+    return " ".join(flags.replace(added, " ").split()) if added else flags
 
 
 def report() -> None:

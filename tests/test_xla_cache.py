@@ -103,6 +103,23 @@ def test_the_users_own_cache_folder_is_left_as_it_is(tmp_path):
     assert not (tmp_path / "home").exists()
 
 
+def test_a_process_started_by_a_run_takes_its_own_folder_and_keeps_the_users_flags(tmp_path):
+    """A run started from a Python session that ran one itself (a test suite, a notebook) inherits the flags that
+    session's `enable` added; they name the parent's private folder, not a choice of the user's."""
+    script = ("import os, sys, subprocess; from tf_harness.experiments import xla_cache; "
+              "xla_cache.enable(sys.argv[1]); print(os.environ['TF_XLA_FLAGS']); sys.stdout.flush(); "
+              "sys.argv[2:] and subprocess.run([sys.executable, '-c', sys.argv[3], sys.argv[1]], check=True)")
+    env = dict(os.environ, TF_XLA_FLAGS="--tf_xla_enable_lazy_compilation=false")
+    env.pop("HARNESS_XLA_FLAGS_ADDED", None)
+    process = subprocess.run([sys.executable, "-c", script, str(tmp_path), "child", script], capture_output=True,
+                             text=True, timeout=120, env=env)
+    assert process.returncode == 0, process.stderr[-2000:]
+    parent, child = process.stdout.splitlines()
+    folders = [flags.split("--tf_xla_persistent_cache_directory=")[1].split()[0] for flags in (parent, child)]
+    assert folders[0] != folders[1] and all(os.path.basename(f).startswith(".job-") for f in folders), folders
+    assert child.count("--tf_xla_persistent_cache_directory") == 1
+    assert all(flags.startswith("--tf_xla_enable_lazy_compilation=false ") for flags in (parent, child))
+
 # A process that stands in for a jit_compile run without TensorFlow: it enables the cache, logs its notes, and
 # "compiles" the entry argv[2] (a whole protocol buffer, as TensorFlow writes) unless the cache seeded it; then it
 # publishes.

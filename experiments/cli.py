@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tf_harness.experiments import schema, xla_cache
+from tf_harness.experiments.study import StudyUnreachable
 from tf_harness.experiments.run_dir import interrupts, os_errors, reentry
 
 log = logging.getLogger(__name__)
@@ -293,6 +294,9 @@ def exit_code(main) -> int:
         if interrupt is not None:
             stopped_by = f"interrupted{f' by {interrupt}' if str(interrupt) else ''}"
             return _interrupted(interrupt, stopped_by)
+        if isinstance(error, StudyUnreachable):  # the jobs' folders keep their results; a re-run tells the study
+            print(f"error: {error}", file=sys.stderr)
+            return 1
         # Hydra's own writes: the run directory, run.log, .hydra/ (whose failed write names no file).
         run_dir, record = reentry.newest_record_folder()
         line = os_errors.describe(error, where=record, resumable=_resumable(run_dir),
@@ -370,5 +374,8 @@ def _sweep_of(config):
         direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
         study = StoredStudy(storage, str(OmegaConf.select(config, "hydra.sweeper.study_name")),
                             str(getattr(direction, "name", direction)))
+    from tf_harness.experiments.sweep_folder import sweeper_of
+    sweeper = OmegaConf.select(config, "hydra.sweeper", default=None)
     return Sweep(dir=Path(os.path.abspath(config.hydra.sweep.dir)),
-                 overrides=tuple(OmegaConf.select(config, "hydra.overrides.task", default=None) or ()), study=study)
+                 overrides=tuple(OmegaConf.select(config, "hydra.overrides.task", default=None) or ()), study=study,
+                 sweeper=None if sweeper is None else sweeper_of(OmegaConf.to_container(sweeper, resolve=False)))

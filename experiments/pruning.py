@@ -6,9 +6,10 @@ One action of the training loop, called after an evaluation as early stopping is
 metrics.json says `pruned: true`, the study records the trial PRUNED, and the job exits 0. A pruned trial's run
 directory entered again (a requeued job) has nothing left to train.
 
-Why the job finds its own trial: Hydra's Optuna sweeper hands a job its parameters only, never its trial (hydra
-issue 1954). The harness's sweeper numbers each job by its trial (experiments/plugins/), so the job opens the
-study's storage and takes the trial of its number (experiments/study.py's JobTrial).
+Why the job finds its own trial: a Hydra sweeper hands a job its parameters only, never its trial (hydra issue
+1954). The harness's sweeper numbers each job by its trial (experiments/study_sweeper.py), so the job opens the
+study's storage and takes the trial of its number (experiments/study.py's JobTrial). A study that stops answering
+never fails the job: it trains on, unpruned, and the sweep tells the study its result.
 """
 import json
 import logging
@@ -46,9 +47,15 @@ class Pruning:
             return
         from optuna.trial import TrialState
 
-        self._study, self._trial = trial.open(pruner(name))
+        from tf_harness.experiments import study as studies
         self._number = trial.number
-        if self._study._storage.get_trial(self._trial._trial_id).state == TrialState.PRUNED:
+        try:
+            self._study, self._trial = trial.open(pruner(name))
+            pruned = self._study._storage.get_trial(self._trial._trial_id).state == TrialState.PRUNED
+        except (studies.StorageError, *studies.storage_errors()) as error:
+            self._unreachable(error)
+            return
+        if pruned:
             self.stopped = True
             log.info("Trial %d of study %s was pruned; nothing to train", trial.number, trial.study_name)
 
@@ -62,15 +69,29 @@ class Pruning:
             return
         from optuna.trial import TrialState
 
+        from tf_harness.experiments import study as studies
         with interrupts.deferred():  # the report, the decision and its record, together
-            self._trial.report(float(value), step)
-            if not self._trial.should_prune():
+            try:
+                self._trial.report(float(value), step)
+                if not self._trial.should_prune():
+                    return
+            except studies.storage_errors() as error:
+                self._unreachable(error)
                 return
             self.stopped = True
             self._note(step)
-            self._study.tell(self._number, state=TrialState.PRUNED)
+            try:
+                self._study.tell(self._number, state=TrialState.PRUNED)
+            except studies.storage_errors() as error:  # metrics.json says pruned; the sweep's re-run tells it
+                log.warning("Could not tell the study that trial %d is pruned: %s", self._number, error)
         log.info("Pruned at global step %d: the pruner stops trial %d (value %.4f); the run saves and exits 0",
                  step, self._number, value)
+
+    def _unreachable(self, error) -> None:
+        """The study's database does not answer: the run trains on to its end, unpruned, rather than fail."""
+        log.warning("The study of trial %d cannot be reached (%s); this run trains to its end without pruning, and "
+                    "the sweep tells the study its result", self._number, " ".join(str(error).split())[:200])
+        self._trial = None
 
     def _note(self, step) -> None:
         """metrics.json, holding the evaluation at `step`, records that the pruner stopped the run there."""

@@ -4,16 +4,21 @@ the storage and its trial number, to report its evaluations to (experiments/prun
 
 A storage is a SQLAlchemy URL: `sqlite:///<sweep>/optuna.db` by default (conf/hparams_search/optuna.yaml), or a
 PostgreSQL server (`postgresql+psycopg2://...`) that sweep processes on several machines share. One that cannot be
-opened is one line naming the URL, its password hidden, with advice that fits what went wrong, and the attempt
-leaves no half-made database: a SQLite file (and sweep folder) this process made is removed.
+opened, or a study that does not fit the sweep (other directions, another search space), is one line naming the
+URL, its password hidden, with advice that fits what went wrong, and the attempt leaves no half-made database: a
+SQLite file (and sweep folder) this process made is removed, unless another process made a study in it meanwhile.
 
-Why tables and study are made here and not by Optuna's sweeper: two processes that open a fresh PostgreSQL study at
-once both create its tables, and one dies of a unique violation (Optuna's remedy: create the study first; a second
-attempt finds the tables made). Nothing here imports TensorFlow.
+Why tables and study are made here, with retries: two processes that open a fresh database at once both create its
+tables, and one dies of a unique violation, a table made meanwhile, or SQLite's lock; a second attempt finds them
+made. Nothing here imports TensorFlow.
 """
+import contextlib
 import logging
 import math
+import os
+import re
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +31,18 @@ RUN_DIR_ATTR = "run_dir"
 # Tries at making a storage's tables: each process that loses a race to make them tries again (four processes
 # starting at once on a fresh PostgreSQL database needed more than two).
 ATTEMPTS = 5
+# A SQLite file this young and empty is another process's, making its tables.
+YOUNG_S = 5
+# The study's user attr that records its search space.
+SPACE_ATTR = "search_space"
 
 
 class StorageError(Exception):
-    """A study storage that cannot be opened: the one line that says so."""
+    """A study storage that cannot be opened, or a study that does not fit the sweep: the one line that says so."""
+
+
+class StudyUnreachable(Exception):
+    """A study that could not be told how a job ended: the one line that says so (exit 1)."""
 
 
 def absolute(url: str) -> str:
@@ -41,18 +54,24 @@ def absolute(url: str) -> str:
 
 
 def shown(url: str) -> str:
-    """`url` as a message shows it: its password hidden."""
-    try:
-        from sqlalchemy.engine import make_url
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001  not a URL SQLAlchemy can parse: shown as given, it holds no parsed password
-        return url
+    """`url` as a message shows it: everything between the user's `:` and the host's `@` hidden, whether or not the
+    URL parses (a password with an unencoded `@` included)."""
+    match = re.match(r"^([^:/@]+://[^:/@]*:)(.*)@([^@]*)$", url)
+    return f"{match[1]}***@{match[3]}" if match else url
 
 
-def open_storage(url: str):
+def storage_errors() -> tuple:
+    """The exceptions a storage raises where its database fails: SQLAlchemy's and Optuna's storage errors."""
+    import optuna
+    import sqlalchemy.exc
+    return sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError
+
+
+def open_storage(url: str, heartbeat=None):
     """The Optuna RDB storage at `url`, its tables made (another attempt where other processes were making them at
-    the same moment: a unique violation). Raises StorageError with the one line; a SQLite file, or the folders
-    above it, that this attempt made are removed first."""
+    the same moment: a unique violation, or SQLite's database is locked). `heartbeat`: create's. Raises
+    StorageError with the one line; a SQLite file, or the folders above it, that this attempt made are removed
+    first."""
     import optuna
     import sqlalchemy.exc
 
@@ -60,12 +79,19 @@ def open_storage(url: str):
     made = _sqlite_parts_missing(url)
     try:
         if url.startswith(SQLITE):
-            reading.check(url[len(SQLITE):])  # SQLite would wait on a named pipe for ever
+            _check_database_file(Path(url[len(SQLITE):]))
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                return optuna.storages.RDBStorage(url)
-            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-                if attempt == ATTEMPTS:
+                with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna's words since 2.8
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    options = {}
+                    if heartbeat:
+                        interval, grace, retries = heartbeat
+                        options = dict(heartbeat_interval=interval, grace_period=grace,
+                                       heartbeat_stale_trial_callback=retry_callback(retries))
+                    return optuna.storages.RDBStorage(url, **options)
+            except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
+                if attempt == ATTEMPTS or not _racing(error):
                     raise
                 time.sleep(0.2 * attempt)
     except Exception as error:  # noqa: BLE001  SQLAlchemy's, the driver's and Optuna's errors all become the line
@@ -73,10 +99,48 @@ def open_storage(url: str):
         raise StorageError(refusal(url, error)) from None
 
 
+def retry_callback(retries: int):
+    """Optuna's callback that asks a failed trial again with its parameters, at most `retries` times."""
+    import optuna
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=retries)
+
+
+def _racing(error) -> bool:
+    """Whether `error` is another process writing the same tables or study this instant: a unique violation, a
+    table made meanwhile, or SQLite's lock (each of which Optuna may report as its StorageInternalError)."""
+    import sqlalchemy.exc
+    causes = [error, error.__cause__, error.__context__]
+    if any(isinstance(cause, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)) for cause in causes):
+        return True
+    return any(word in str(cause).lower() for cause in causes if cause is not None
+               for word in ("locked", "already exists"))
+
+
+def _check_database_file(path: Path) -> None:
+    """Raises StorageError where a SQLite storage's file is there but cannot be a study database: a folder or a
+    special file in its place (SQLite would wait on a named pipe for ever), or an empty file (a damaged database:
+    SQLite would make a new study over it, leaving the sweep's earlier trial folders without theirs)."""
+    if not os.path.lexists(path):
+        return
+    if path.is_dir():
+        raise StorageError(f"hydra.sweeper.storage={SQLITE}{path} is a folder, not a database file: move it away, "
+                           "or name another storage")
+    reading.check(path)
+    for _ in range(ATTEMPTS):  # a file another process made this instant is empty until it makes the tables
+        if path.stat().st_size or time.time() - path.stat().st_mtime > YOUNG_S:
+            break
+        time.sleep(YOUNG_S / ATTEMPTS)
+    if path.stat().st_size == 0:
+        raise StorageError(f"hydra.sweeper.storage={SQLITE}{path} is an empty file, not a study database: it is "
+                           "damaged; move it away (the study it held is lost), or name another storage")
+
+
 def refusal(url: str, error: BaseException) -> str:
     """The config error line for the storage `url` that `error` kept from opening."""
     cause = getattr(error, "orig", None) or error
-    why = " ".join(str(cause).split())[:200]
+    why = re.sub(r"(://[^:/@\s'\"]*:)\S*@", r"\1***@", " ".join(str(cause).split()))[:200]
     text = f"{type(cause).__name__}: {why}" if why else type(cause).__name__
     low = why.lower()
     if isinstance(cause, ImportError) or "can't load plugin" in low:
@@ -112,12 +176,25 @@ def _sqlite_parts_missing(url: str) -> list:
 
 
 def _remove(paths) -> None:
-    """Removes what this process made of a failed SQLite storage: the file, then each folder left empty."""
+    """Removes what this process made of a failed SQLite storage: the file, unless another process has made a study
+    in it meanwhile, then each folder left empty."""
+    if paths and _holds_a_study(paths[0]):
+        return
     for path in paths:
         try:
             path.rmdir() if path.is_dir() else path.unlink(missing_ok=True)
         except OSError:
             return  # a folder that now holds something of another process's stays
+
+
+def _holds_a_study(path: Path) -> bool:
+    """Whether the SQLite file at `path` holds a study (another process's, made while this one failed)."""
+    import sqlite3
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as database:
+            return database.execute("SELECT count(*) FROM studies").fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
 
 
 def prepare_folder(url: str) -> None:
@@ -127,24 +204,80 @@ def prepare_folder(url: str) -> None:
         parts[1].mkdir(parents=True, exist_ok=True)
 
 
-def create(url: str, name: str, directions, sampler=None):
-    """The study `name` in the storage at `url`, made once: created, or loaded where it exists (another process
-    made it first). Raises StorageError for a storage that cannot be opened."""
+def create(url: str, name: str, directions, space=None, heartbeat=None):
+    """(the study `name` in the storage at `url`, True where this call made it): created, or loaded where it
+    exists (a re-run, or another process made it first). `space`, {key: Optuna distribution}, is recorded with a
+    study made here and must match a found one's record, as its directions must. `heartbeat`: (interval_s, grace_s,
+    max_retry) for trials the sweeper keeps alive (experiments/study_sweeper.py). Raises StorageError for a storage
+    that cannot be opened or a study that does not fit."""
     import optuna
 
     made = _sqlite_parts_missing(absolute(url))
     prepare_folder(url)
     try:
-        storage = open_storage(url)
+        storage = open_storage(url, heartbeat)
     except StorageError:
         _remove(made)
         raise
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            try:
+                study = optuna.create_study(storage=storage, study_name=name, directions=list(directions))
+                study.set_user_attr(SPACE_ATTR, _recorded(space or {}))
+                return study, True
+            except optuna.exceptions.DuplicatedStudyError:
+                study = optuna.load_study(storage=storage, study_name=name)
+                break
+        except Exception as error:  # noqa: BLE001  a server gone away, a garbled database
+            if attempt < ATTEMPTS and _racing(error):
+                time.sleep(0.2 * attempt)
+                continue
+            _remove(made)
+            raise StorageError(refusal(url, error)) from None
+    _check_fits(study, url, list(directions), _recorded(space or {}))
+    return study, False
+
+
+def _recorded(space) -> dict:
+    """{key: the distribution as Optuna writes it}: the search space as a study records it, readable in the
+    dashboard."""
+    return {key: repr(distribution) for key, distribution in sorted(space.items())}
+
+
+def _check_fits(study, url, directions, space) -> None:
+    """Raises StorageError where the found `study` was made with other directions or another search space."""
+    stored = [d.name.lower() for d in study.directions]
+    advice = "name a new hydra.sweeper.study_name for a study of this one's, or run the stored study's own"
+    if stored != directions:
+        raise StorageError(f"study {study.study_name} in {shown(url)} was made to {' '.join(stored)}, not "
+                           f"{' '.join(directions)}: {advice}")
+    recorded = study.user_attrs.get(SPACE_ATTR)
+    if isinstance(recorded, dict) and recorded != space:
+        keys = sorted(key for key in recorded.keys() | space.keys() if recorded.get(key) != space.get(key))
+        named = "; ".join(f"{key}: {_shown_distribution(recorded.get(key))} there, "
+                          f"{_shown_distribution(space.get(key))} here" for key in keys)
+        raise StorageError(f"study {study.study_name} in {shown(url)} searches another space ({named}): {advice}")
+
+
+def _shown_distribution(recorded) -> str:
+    return "(unset)" if recorded is None else str(recorded)
+
+
+def refuse_written_password(raw) -> None:
+    """Raises StorageError where the storage URL as written in the config (`raw`, before interpolation) holds its
+    password: Hydra writes the config into every job's .hydra/ and the sweep's multirun.yaml."""
+    if not isinstance(raw, str) or raw.startswith(SQLITE):
+        return
     try:
-        return optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=list(directions),
-                                   load_if_exists=True)
-    except Exception as error:  # noqa: BLE001  a study of this name with other directions, a server gone away
-        _remove(made)
-        raise StorageError(refusal(url, error)) from None
+        from sqlalchemy.engine import make_url
+        password = make_url(raw).password
+    except Exception:  # noqa: BLE001  not parsable: open_storage says so
+        return
+    if password and "${" not in str(password):
+        raise StorageError(f"hydra.sweeper.storage={shown(raw)} writes its password into every job's .hydra/ "
+                           "folder and the sweep's multirun.yaml: take it from the environment "
+                           "(user:${oc.env:STUDY_PASSWORD}@host), or leave it out for libpq's PGPASSWORD or "
+                           "~/.pgpass")
 
 
 @dataclass(frozen=True)

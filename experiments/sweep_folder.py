@@ -3,11 +3,12 @@
 - One sweep at a time: a sweep holds `<sweep>/.sweep-lock` (data/integrity/locks.py, an flock the OS drops when
   the holder exits, however it exits) from its start to its end. A second sweep started into the folder meanwhile
   is refused as a whole, before any job runs.
-- The folder's sweep: `multirun.yaml`, which Hydra writes at the sweep's first launch, records its command line
-  overrides. A later sweep into the folder must be the same sweep: its overrides may differ only in run-control
-  keys (experiments/run_dir/reentry.py), such as a larger trainer.train_steps; any other difference is refused as a
-  whole, so no job of it re-enters, and rewrites the records of, a job that sweep ran. A folder whose
-  multirun.yaml is gone or unreadable owns no command line, and each job's own re-entry check stands.
+- The folder's sweep: `multirun.yaml`, which the sweeper writes as the sweep starts, records its command line
+  overrides and its sweeper: which one, and for the harness's Optuna sweeper the study's name and storage as
+  written. A later sweep into the folder must be the same sweep: the same sweeper and study, and overrides that
+  differ only in run-control keys (experiments/run_dir/reentry.py), such as a larger trainer.train_steps; any other
+  difference is refused as a whole, so no job of it re-enters, and rewrites the records of, a job that sweep ran. A
+  folder whose multirun.yaml is gone or unreadable owns no command line, and each job's own re-entry check stands.
 
 A refusal is one `config error` line (exit 2), naming the folder and what tells the sweeps apart; a lock or record
 that cannot be opened as a file (a folder or named pipe in its place) is one `error` line (exit 1). Nothing here
@@ -41,13 +42,13 @@ class SweepFolder:
         self.path, self._lock, self._made = path, lock, made
 
     @classmethod
-    def claim(cls, path: Path, overrides) -> "SweepFolder":
+    def claim(cls, path: Path, overrides, sweeper=None) -> "SweepFolder":
         """Takes `path` for a sweep run with the command line `overrides`; raises SystemExit after one line on
         stderr (a callback's other exceptions Hydra only warns of): 2 when another sweep holds it or made it, 1 when
         the folder or its lock cannot be made or opened, or a folder, named pipe, socket or device stands in place
         of its lock or its multirun.yaml."""
         try:
-            return cls.take(path, overrides)
+            return cls.take(path, overrides, sweeper)
         except Refused as error:
             print(f"config error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
@@ -57,8 +58,8 @@ class SweepFolder:
             raise SystemExit(1) from None
 
     @classmethod
-    def take(cls, path: Path, overrides) -> "SweepFolder":
-        """`claim`, raising Refused."""
+    def take(cls, path: Path, overrides, sweeper=None) -> "SweepFolder":
+        """`claim`, raising Refused. `sweeper`: the sweep's `sweeper_of` its config (None: not compared)."""
         made = not path.exists()
         path.mkdir(parents=True, exist_ok=True)
         lock = locks.take(path / LOCK_NAME)
@@ -68,7 +69,10 @@ class SweepFolder:
                           f"{holder.get('host', '?')} (lock file {path / LOCK_NAME}); wait for it to finish, or "
                           f"name another hydra.sweep.dir")
         try:
-            other = differences(_recorded_overrides(path / RECORD), overrides)
+            recorded, recorded_sweeper = _recorded(path / RECORD)
+            other = differences(recorded, overrides)
+            if not other and None not in (sweeper, recorded_sweeper) and sweeper != recorded_sweeper:
+                other = f"its sweeper {_shown(recorded_sweeper)}, this one's {_shown(sweeper)}"
             if other:
                 raise Refused(f"hydra.sweep.dir={path} holds another sweep ({other}): a sweep folder is written "
                               f"only by the sweep that made it; run that sweep's command again (it may change only "
@@ -111,17 +115,36 @@ def _by_key(overrides) -> dict:
     return {pair[0]: pair[1] if len(pair) > 1 else "" for pair in pairs}
 
 
-def _recorded_overrides(path: Path):
-    """The task overrides recorded in the sweep's multirun.yaml, or None where it is missing or unreadable;
-    SpecialFileError or IsADirectoryError where a named pipe, socket, device or folder stands there."""
+def sweeper_of(hydra_sweeper) -> dict:
+    """What tells one sweep's sweeper from another's, from a config's `hydra.sweeper` as a plain dict, unresolved:
+    its class, and the study's name and storage as written."""
+    target = str(hydra_sweeper.get("_target_", ""))
+    return {"sweeper": target.rsplit(".", 1)[-1], "study_name": hydra_sweeper.get("study_name"),
+            "storage": hydra_sweeper.get("storage")}
+
+
+def _shown(sweeper: dict) -> str:
+    from tf_harness.experiments.study import shown
+    words = [sweeper["sweeper"]] + [f"{key}={value if key != 'storage' else shown(str(value))}"
+                                    for key, value in sweeper.items() if key != "sweeper" and value is not None]
+    return " ".join(words)
+
+
+def _recorded(path: Path) -> tuple:
+    """(the task overrides, the sweeper_of) recorded in the sweep's multirun.yaml, each None where it is missing or
+    unreadable; SpecialFileError or IsADirectoryError where a named pipe, socket, device or folder stands there."""
     try:
         record = yaml.safe_load(reading.read_text(path))
         overrides = record["hydra"]["overrides"]["task"]
     except (reading.SpecialFileError, IsADirectoryError):
         raise  # Hydra could not write the record there either
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
-        return None
-    return overrides if isinstance(overrides, list) and all(isinstance(o, str) for o in overrides) else None
+        return None, None
+    sweeper = record["hydra"].get("sweeper")
+    sweeper = sweeper_of(sweeper) if isinstance(sweeper, dict) else None
+    if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
+        return None, sweeper
+    return overrides, sweeper
 
 
 def _holder(path: Path) -> dict:

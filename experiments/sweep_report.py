@@ -79,6 +79,7 @@ class Sweep:
     dir: Path  # hydra.sweep.dir, absolute
     overrides: tuple  # its command line overrides
     study: "StoredStudy | None" = None  # the stored Optuna study it adds to
+    sweeper: dict | None = None  # sweep_folder.sweeper_of its config
 
 
 def outcome_of(job_return) -> dict:
@@ -299,7 +300,7 @@ class SweepReport:
     def sweep_started(self, sweep: Sweep) -> None:
         """Claims the sweep folder (experiments/sweep_folder.py: SystemExit(2) where another sweep owns it) and
         notes what it held."""
-        self._folder = SweepFolder.claim(sweep.dir, list(sweep.overrides))
+        self._folder = SweepFolder.claim(sweep.dir, list(sweep.overrides), sweep.sweeper)
         self._before = outcome_files(sweep.dir)
 
     def sweep_ended(self, sweep: Sweep) -> int:

@@ -80,9 +80,11 @@ def test_a_study_is_made_once_and_a_second_create_adds_to_it(tmp_path, monkeypat
     from tf_harness.experiments import study
     monkeypatch.chdir(tmp_path)
     url = "sqlite:///sweep/optuna.db"  # relative: made absolute, so job processes elsewhere open the same file
-    first = study.create(url, "s", ["maximize"])
+    first, made = study.create(url, "s", ["maximize"])
+    assert made
     first.tell(first.ask(), 0.5)
-    again = study.create(url, "s", ["maximize"])
+    again, made = study.create(url, "s", ["maximize"])
+    assert not made
     again.tell(again.ask(), 0.75)
     assert [t.number for t in again.trials] == [0, 1] and (tmp_path / "sweep" / "optuna.db").is_file()
     assert study.summary_line(again, "maximize") == "study s: 2 trials, 2 complete, 0 pruned, 0 failed; best 0.7500 " \
@@ -96,10 +98,11 @@ def test_a_study_is_made_once_and_a_second_create_adds_to_it(tmp_path, monkeypat
     pytest.param("null", ("sweep.pruner=median", "stored study"), id="pruner in memory", marks=pytest.mark.slow)])
 def test_a_sweep_whose_study_cannot_be_stored_exits_2_in_one_line_and_leaves_nothing(tmp_path, storage, named):
     (tmp_path / "garbled.db").write_bytes(b"not a database" * 100)
-    storage = (storage or f"postgresql+psycopg2://u:s3cret@127.0.0.1:{free_port()}/db").format(tmp=tmp_path)
+    storage = storage.format(tmp=tmp_path) if storage else \
+        f"postgresql+psycopg2://u:${{oc.env:STUDY_PASSWORD}}@127.0.0.1:{free_port()}/db"
     quoted = storage if storage == "null" else f"'{storage}'"
     result = run_cli("-m", "hparams_search=optuna", *SMOKE, "sweep.pruner=median", f"hydra.sweeper.storage={quoted}",
-                     f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=120)
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=120, env={"STUDY_PASSWORD": "s3cret"})
     assert "s3cret" not in assert_config_error(result, *named)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["garbled.db"]
     assert (tmp_path / "garbled.db").read_bytes() == b"not a database" * 100
@@ -114,7 +117,7 @@ def test_a_trial_the_pruner_stops_is_pruned_in_the_study_and_in_metrics_json(tmp
     from tf_harness.experiments import study
     from tf_harness.experiments.pruning import Pruning
     url = f"sqlite:///{tmp_path}/optuna.db"
-    kept = study.create(url, "s", ["maximize"])
+    kept, _ = study.create(url, "s", ["maximize"])
     for _ in range(5):  # MedianPruner prunes from the sixth trial on
         trial = kept.ask()
         for step in (1, 2):
@@ -288,6 +291,33 @@ def test_a_stored_study_run_again_adds_trials_in_new_folders_and_its_summary_cou
 
 
 @pytest.mark.slow
+def test_a_sweep_killed_mid_trial_run_again_resumes_the_trial_in_its_own_folder(tmp_path):
+    """The trial stayed RUNNING for ever, and the same command again drew a new trial in a new folder."""
+    import optuna
+    from optuna.trial import TrialState
+    args = ["-m", "hparams_search=optuna", *SMOKE, "trainer.checkpoint_every=2", "trainer.eval_every=1000",
+            "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path}"]
+    process = subprocess.Popen([sys.executable, "run.py", *args, "trainer.train_steps=400"], cwd=PROJECT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((tmp_path / "0" / "checkpoints").glob("ckpt-4.index")) and time.time() < deadline:
+        time.sleep(0.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    saved = max(int(p.stem.split("-")[1]) for p in (tmp_path / "0" / "checkpoints").glob("ckpt-*.index"))
+    assert 4 <= saved < 400
+    again = run_cli(*args, f"trainer.train_steps={saved + 2}")  # a run-control key: the same sweep
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"Resumed from {tmp_path / '0' / 'checkpoints'}" in (tmp_path / "0" / "run.log").read_text()
+    assert json.loads((tmp_path / "0" / "metrics.json").read_text())["global_step"] == saved + 2
+    kept = optuna.load_study(study_name="lfw_pairs", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert [t.state for t in kept.trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert kept.trials[1].params == kept.trials[0].params
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0"]
+    assert again.stderr.rstrip().splitlines()[-1].startswith("study lfw_pairs: 2 trials, 1 complete, 0 pruned, 1 failed")
+
+
+@pytest.mark.slow
 def test_a_trial_the_median_pruner_stops_exits_0_saved_and_pruned(tmp_path):
     import optuna
     kept = optuna.create_study(study_name="lfw_pairs", storage=f"sqlite:///{tmp_path}/optuna.db", direction="maximize")
@@ -330,7 +360,7 @@ def postgres():
     try:
         subprocess.run([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "harness", "studies"],
                        check=True, capture_output=True)
-        yield f"postgresql+psycopg2://harness:unused@127.0.0.1:{port}/studies"
+        yield f"postgresql+psycopg2://harness@127.0.0.1:{port}/studies"
     finally:
         subprocess.run([*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
@@ -341,7 +371,7 @@ def test_a_new_postgresql_study_opened_by_several_processes_at_once_is_made_once
     """Two processes that opened a fresh PostgreSQL study at once both created its tables; one died of a unique
     violation."""
     code = ("import sys; from tf_harness.experiments import study; "
-            "s = study.create(sys.argv[1], 'race', ['maximize']); print(s.study_name)")
+            "s, _ = study.create(sys.argv[1], 'race', ['maximize']); print(s.study_name)")
     processes = [subprocess.Popen([sys.executable, "-c", code, postgres], cwd=PROJECT, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for _ in range(4)]
     results = [process.communicate(timeout=120) for process in processes]
@@ -351,11 +381,14 @@ def test_a_new_postgresql_study_opened_by_several_processes_at_once_is_made_once
 
 @pytest.mark.slow
 def test_two_sweep_processes_share_one_postgresql_study(postgres, tmp_path):
+    """The documented command on each machine: the same seed, the password from the environment. Both processes
+    drew the same points pair by pair, and the password was written into every job's .hydra/hydra.yaml."""
     import optuna
     storage = postgres
+    written = storage.replace("harness@", "harness:${oc.env:STUDY_PASSWORD}@")
     args = ["-m", "hparams_search=optuna", *SMOKE, "trainer.train_steps=2", "trainer.eval_steps=1",
-            "hydra.sweeper.n_trials=2", "hydra.sweeper.study_name=shared", f"hydra.sweeper.storage='{storage}'"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+            "hydra.sweeper.n_trials=2", "hydra.sweeper.study_name=shared", f"hydra.sweeper.storage='{written}'"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", STUDY_PASSWORD="pg-s3cret")
     processes = [subprocess.Popen([sys.executable, "run.py", *args, f"hydra.sweep.dir={tmp_path / name}"],
                                   cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
                  for name in ("a", "b")]
@@ -367,3 +400,7 @@ def test_two_sweep_processes_share_one_postgresql_study(postgres, tmp_path):
     folders = sorted(int(p.name) for name in ("a", "b") for p in (tmp_path / name).iterdir() if p.is_dir())
     assert folders == [0, 1, 2, 3]  # each trial ran in the folder of its number, in one process or the other
     assert all(error.rstrip().splitlines()[-1].startswith("study shared: ") for error in errors)
+    drawn = [tuple(sorted(t.params.items())) for t in kept.trials]
+    assert len(set(drawn)) == 4, drawn  # no process repeated another's point
+    assert not [path for path in tmp_path.rglob("*") if path.is_file() and b"pg-s3cret" in path.read_bytes()]
+    assert not any("pg-s3cret" in error for error in errors)

@@ -426,9 +426,8 @@ def test_optunas_sweeper_takes_a_job_without_a_metric_as_its_worst_trial_and_goe
     """An Optuna sweep stopped with a traceback at the first job that returned no metric (NaN): a failed job, or
     a re-entered finished one. Runs the plugin's own sweep loop over jobs that end through the report."""
     import yaml
-    from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
-    from optuna.samplers import TPESampler
     from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.study_sweeper import sweep
 
     class Launcher:
         """Runs each trial's job at once: job 1's config is refused, the others report 0.5 + job / 10."""
@@ -443,11 +442,10 @@ def test_optunas_sweeper_takes_a_job_without_a_metric_as_its_worst_trial_and_goe
                 returns.append(ret)
             return returns
 
-    sweeper = OptunaSweeperImpl(TPESampler(seed=1), direction, None, "s", 3, 1, None, None,
-                                OmegaConf.create({"trainer.learning_rate": "tag(log, interval(0.0001, 0.01))"}))
-    sweeper.config, sweeper.launcher, sweeper.hydra_context = OmegaConf.create(
-        {"hydra": {"sweep": {"dir": str(tmp_path)}}}), Launcher(), object()
-    sweeper.sweep([])
+    settings = dict(sampler=OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 1}),
+                    direction=direction, storage=None, study_name="s", n_trials=3, n_jobs=1,
+                    params=OmegaConf.create({"trainer.learning_rate": "tag(log, interval(0.0001, 0.01))"}))
+    sweep(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}), Launcher(), settings, [])
     best = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
     assert best["best_value"] == (0.7 if direction == "maximize" else 0.5)
     assert json.loads((tmp_path / "1" / "job_outcome.json").read_text())["value"] is None
@@ -549,9 +547,10 @@ def test_a_finished_sweep_run_again_into_its_folder_reports_each_job_as_the_firs
 
 @pytest.mark.slow
 def test_an_optuna_sweep_run_again_into_its_folder_names_the_same_best_trial(tmp_path):
-    """It stopped with a traceback: its re-entered trials returned no metric, which Optuna's sweeper cannot take."""
+    """It stopped with a traceback: its re-entered trials returned no metric, which Optuna's sweeper cannot take.
+    A study kept in memory numbers its jobs from 0 on every run, so the re-run re-enters the first run's jobs."""
     args = ("-m", "hparams_search=optuna", *SMOKE, "trainer.train_steps=2", "trainer.eval_steps=1",
-            "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={tmp_path}")
+            "hydra.sweeper.n_trials=2", "hydra.sweeper.storage=null", f"hydra.sweep.dir={tmp_path}")
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     best = (tmp_path / "optimization_results.yaml").read_text()
@@ -569,7 +568,7 @@ def test_an_optuna_sweep_whose_trials_fail_reports_them_without_a_traceback(tmp_
     lines = result.stderr.rstrip().splitlines()
     assert lines[-2] == f"2 jobs ran, 2 failed; no job reported a validation metric: {tmp_path}"
     assert lines[-1] == "study lfw_pairs: 2 trials, 0 complete, 0 pruned, 2 failed; no trial completed with a value"
-    assert sorted(path.name for path in tmp_path.iterdir()) == [".sweep-lock", "0", "1", "optuna.db"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".sweep-lock", "0", "1", "multirun.yaml", "optuna.db"]
 
 
 @pytest.mark.slow

@@ -1,26 +1,29 @@
-"""The harness's Optuna sweeper (`hparams_search=optuna`): Hydra's Optuna sweeper, with the study kept in a database
-and each job keyed by its trial.
+"""The harness's Optuna sweeper (`hparams_search=optuna`, config group hydra/sweeper: study), on Hydra's public
+`Sweeper` interface.
 
 Hydra finds sweepers only in the `hydra_plugins` namespace; experiments/cli.py's setup puts this folder's parent on
-the path. The implementation, experiments/study_sweeper.py, is imported once a sweep starts (Optuna's import takes
-seconds, and Hydra scans every plugin on every run). What it adds to Hydra's sweeper (whose search space, sampler
-and results file it reuses):
-- the study is created once, safely, before any trial starts, and a storage that cannot be opened is one
-  `config error` line (experiments/study.py);
-- each job's number is its trial's number, so a job runs in `<sweep>/<trial number>/` and a re-run of a stored
-  study, whose new trials go on from the last number, never re-enters an earlier trial's run directory; the
-  trial's user attr `run_dir` names that folder for the summary;
-- a job that failed is a FAIL trial, not one of the worst value; a trial that its job already ended (the pruner
-  stopped it: experiments/pruning.py) keeps the state the job gave.
+the path. Hydra scans every plugin on every run, so this module imports Hydra alone; the sweep itself,
+experiments/study_sweeper.py, imports Optuna once a sweep starts.
 """
-from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
 
 
-class StudySweeper(OptunaSweeper):
-    """hydra.sweeper._target_ of conf/hparams_search/optuna.yaml; takes the same settings as Hydra's."""
+class StudySweeper(Sweeper):
+    """hydra.sweeper._target_ of conf/hydra/sweeper/study.yaml; its keys are this constructor's arguments.
+    `sampler` arrives as its config (the study's seed decides how it is made) and `params` as the search space's
+    override strings by key."""
 
-    def __init__(self, sampler, direction, storage, study_name, n_trials, n_jobs, search_space, custom_search_space,
-                 params):  # noqa: D107  OptunaSweeper's, whose implementation this one extends
-        from tf_harness.experiments.study_sweeper import StudySweeperImpl  # Optuna: only once a sweep starts
-        self.sweeper = StudySweeperImpl(sampler, direction, storage, study_name, n_trials, n_jobs, search_space,
-                                        custom_search_space, params)
+    def __init__(self, sampler, direction, storage, study_name, n_trials, n_jobs, params):  # noqa: D107
+        self.settings = dict(sampler=sampler, direction=direction, storage=storage, study_name=study_name,
+                             n_trials=n_trials, n_jobs=n_jobs, params=params)
+        self.config = self.launcher = self.hydra_context = None
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
+
+    def sweep(self, arguments):
+        from tf_harness.experiments.study_sweeper import sweep  # Optuna: only once a sweep starts
+        return sweep(self.config, self.launcher, self.settings, list(arguments))

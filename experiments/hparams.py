@@ -41,13 +41,9 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.experiments import metrics
 
 log = logging.getLogger(__name__)
-# The validation metrics each task writes at every evaluation (experiments/metrics.py), its headline first, as
-# dashboard columns. Not declared: chest X-rays' per-finding `auc/<finding>` (14 columns) and LFW's `auc`, which is
-# undefined (so not written) when an evaluation sees one class only, and its `<n>_fold_accuracy_*`, written only by a
-# whole `eval_pairs=pairs` evaluation.
-TASK_METRICS = {"multilabel": ("auc/mean",), "binary": ("accuracy",), "multiclass": ("accuracy", "top5_accuracy")}
 # The job's exit status (README's table), a scalar at the top of the run directory: a metric column.
 EXIT_STATUS = "exit_status"
 # The end of the file that holds a run's session-end record and exit status.
@@ -156,8 +152,8 @@ def swept_tasks(domains) -> list:
 def metric_columns(task, swept=()) -> list:
     """The task's validation metrics, validation and train loss, the exit status (`mark_session`), then the metrics
     of the other tasks in `swept` (a sweep over datasets): no column that no run of the sweep writes."""
-    own = TASK_METRICS[task]
-    others = dict.fromkeys(tag for other in swept for tag in TASK_METRICS[other] if tag not in own)
+    own = metrics.names(task)
+    others = dict.fromkeys(tag for other in swept for tag in metrics.names(other) if tag not in own)
     validation = dict(group="validation", dataset_type=hp.Metric.VALIDATION)
     return ([hp.Metric(tag, **validation) for tag in own]
             + [hp.Metric("loss", **validation), hp.Metric("loss", group="train", dataset_type=hp.Metric.TRAINING),

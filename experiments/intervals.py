@@ -2,14 +2,15 @@
 
 A resample draws the units the data is drawn in (a patient's images together; a pair; an image), with
 replacement, as many as there are: `resampled_weights` gives each example's count in each resample, and every
-metric is computed as a weighted one, so that a resample is never copied out. The metrics are those of
-experiments/metrics.py `scored`, vectorised over the resamples with numpy; tests/test_results.py checks them
-against scikit-learn on the same resamples. The intervals are percentile intervals, seeded, so the same
-evaluation gives the same interval.
+metric is computed as a weighted one, so that a resample is never copied out. The metrics are the declarations of
+experiments/metrics.py, the same functions that score the evaluation, vectorised over the resamples. The intervals
+are percentile intervals, seeded, so the same evaluation gives the same interval.
 """
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from tf_harness.experiments import metrics
 
 LEVEL = 0.95
 # Resamples computed at once: bounds the memory of a [chunk, examples] weight matrix.
@@ -28,74 +29,9 @@ def resampled_weights(units, resamples, seed):
         yield drawn[:, codes]
 
 
-def auc_function(labels, scores):
-    """A function from example weights ([b, n]) to the ROC AUC under each row, ties counted as half, as
-    roc_auc_score with sample_weight computes it (NaN where a row weighs no positive or no negative); the scores
-    are sorted once, here."""
-    positive = np.asarray(labels).reshape(-1).astype(bool)
-    scores = np.asarray(scores, np.float64).reshape(-1)
-    negatives = np.flatnonzero(~positive)
-    order = np.argsort(scores[negatives], kind="stable")
-    sorted_negatives, negatives = scores[negatives][order], negatives[order]
-    positives = np.flatnonzero(positive)
-    # The negatives scored below each positive, and those scored below or level with it.
-    left = np.searchsorted(sorted_negatives, scores[positives], "left")
-    right = np.searchsorted(sorted_negatives, scores[positives], "right")
-
-    def auc(weights):
-        below = np.zeros((len(weights), len(negatives) + 1), np.int64)
-        np.cumsum(weights[:, negatives], axis=1, out=below[:, 1:])
-        positive_weights = weights[:, positives]
-        total_positive, total_negative = positive_weights.sum(axis=1), below[:, -1]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            value = (positive_weights * (below[:, left] + below[:, right])).sum(axis=1) / (
-                2.0 * total_positive * total_negative)
-        return np.where((total_positive > 0) & (total_negative > 0), value, np.nan)
-
-    return auc
-
-
-def weighted_auc(weights, labels, scores):
-    """The ROC AUC of binary `labels` and `scores` [n] under each row of example `weights` [b, n]."""
-    return auc_function(labels, scores)(weights)
-
-
-def _mean_function(hits):
-    """A function from example weights ([b, n]) to the weighted mean of `hits` [n] under each row."""
-    hits = np.asarray(hits, np.float64)
-    return lambda weights: weights @ hits / weights.sum(axis=1)
-
-
-def metric_functions(task, class_names, labels, scores) -> dict:
-    """`scored`'s metrics (experiments/metrics.py) as functions of example weights, {name: f([b, n]) -> [b]};
-    a multi-label task's `auc/mean` is left to `replicates`, from the per-class ones."""
-    scores = np.asarray(scores, np.float64)
-    if task == "multilabel":
-        labels = np.asarray(labels).reshape(scores.shape)
-        return {f"auc/{name}": auc_function(labels[:, k], scores[:, k]) for k, name in enumerate(class_names)}
-    labels = np.asarray(labels).reshape(-1)
-    if task == "binary":
-        scores = scores.reshape(-1)
-        return {"accuracy": _mean_function((scores > 0.5) == labels), "auc": auc_function(labels, scores)}
-    top = np.argsort(-scores, axis=-1, kind="stable")[:, :min(5, scores.shape[-1])]
-    return {"accuracy": _mean_function(scores.argmax(-1) == labels),
-            "top5_accuracy": _mean_function((top == labels[:, None]).any(axis=1))}
-
-
-def replicates(task, functions, weights) -> dict:
-    """The metrics of `metric_functions` under each row of example `weights`: {name: [b] values}."""
-    found = {name: function(weights) for name, function in functions.items()}
-    if task == "multilabel":
-        stacked = np.stack(list(found.values()))
-        defined = (~np.isnan(stacked)).sum(axis=0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            found["auc/mean"] = np.where(defined > 0, np.nansum(stacked, axis=0) / defined, np.nan)
-    return found
-
-
 def _all_replicates(task, class_names, labels, scores, units, resamples, seed) -> dict:
-    functions = metric_functions(task, class_names, labels, scores)
-    parts = [replicates(task, functions, weights) for weights in resampled_weights(units, resamples, seed)]
+    functions = metrics.functions(task, class_names, labels, scores)
+    parts = [metrics.values_under(task, functions, weights) for weights in resampled_weights(units, resamples, seed)]
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 

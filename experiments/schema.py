@@ -31,6 +31,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tf_harness.data import TASKS
 from tf_harness.models import BUILDERS, smallest_side
+
+from tf_harness.experiments import metrics
+
 # The modes and the tables are declared in config_keys; the rest of the project reads them here too.
 from tf_harness.experiments.config_keys import (  # noqa: F401  names other modules import from the schema
     EVALUATING_MODES, EVALUATION_MODES, KEYS, MODES, ONLY_UNDER, OPTION_KEYS, RECIPES, SERVICE_ADDRESS,
@@ -38,10 +41,6 @@ from tf_harness.experiments.config_keys import (  # noqa: F401  names other modu
 
 MISSING = "???"  # how an unset key's value is shown, as in Hydra's own notation
 _UNSET = object()
-
-# The metrics experiments/metrics.py `evaluate` writes at every evaluation, per kind of task (SPEC.task), besides
-# `loss`; a multi-label task writes auc/<class> per class too, whose names are checked once TensorFlow runs.
-TASK_METRICS = {"multilabel": ("auc/mean",), "binary": ("accuracy", "auc"), "multiclass": ("accuracy", "top5_accuracy")}
 
 
 def _keys(group, options) -> dict:
@@ -249,13 +248,9 @@ def _too_small(cfg) -> str | None:
             f"{side}x{side} ({why})")
 
 
-# The metrics of which a lower value is better; for every other one a higher value is.
-LOWER_IS_BETTER = ("loss", "eer")
-
-
 def best_mode(metric) -> str:
-    """Whether a higher ("max") or a lower ("min") value of `metric` is the better one."""
-    return "min" if metric in LOWER_IS_BETTER else "max"
+    """Whether a higher ("max") or a lower ("min") value of `metric` is the better one (experiments/metrics.py)."""
+    return "min" if metrics.lower_is_better(metric) else "max"
 
 
 def _recipes(cfg) -> str | None:
@@ -277,8 +272,8 @@ def _recipes(cfg) -> str | None:
     field = _field_recipes(cfg, kind)
     if field:
         return field
-    if metric is not None and kind in TASK_METRICS:
-        written = ("loss", *TASK_METRICS[kind])
+    if metric is not None and kind in metrics.TASK_METRICS:
+        written = ("loss", *metrics.names(kind))
         if metric not in written and not (kind == "multilabel" and metric.startswith("auc/")):
             per_class = "|auc/<class>" if kind == "multilabel" else ""
             return (f"trainer.best_metric={metric} is not a metric dataset={cfg.dataset.name} writes at every "

@@ -507,14 +507,14 @@ def test_best_mode_follows_the_metric_by_default(tmp_path):
 
 def test_the_schemas_metrics_are_those_an_evaluation_writes():
     from tf_harness.data import TASKS
-    from tf_harness.experiments import recipes, schema
+    from tf_harness.experiments import metrics, recipes
 
     for name in TASKS:
         spec = TASKS[name].SPEC
         written = recipes.metric_names(spec)
         assert TASKS.entries[name].task == spec.task
         assert set(written) - {f"auc/{c}" for c in spec.class_names if spec.task == "multilabel"} == \
-            {"loss", *schema.TASK_METRICS[spec.task]}, name
+            {"loss", *metrics.names(spec.task)}, name
 
 
 def test_python_run_py_refuses_a_bad_recipe_value_in_one_line_before_tensorflow_starts(tmp_path):

@@ -66,6 +66,19 @@ def test_intervals_are_sklearns_percentiles_over_resampled_units(task):
     assert intervals.intervals(task, names, labels, scores, patients, 0, seed=7) == {}  # evaluation.bootstrap=0
 
 
+@pytest.mark.parametrize("task", ["multilabel", "binary", "multiclass"])
+def test_an_evaluations_metrics_are_sklearns_from_the_functions_its_intervals_resample(task):
+    """Each metric is declared once (experiments/metrics.py): the evaluation's value is its function under weights
+    of one, the one the bootstrap resamples."""
+    from tf_harness.experiments import metrics
+    labels, scores, _ = _example(task, np.random.default_rng(3))
+    names = [f"c{k}" for k in range(scores.shape[1])] if task == "multilabel" else ["same"]
+    found = metrics.scored(task, names, labels, scores)
+    expected = _sklearn_metrics(task, labels, scores)
+    assert list(found) == list(expected)
+    assert found == pytest.approx(expected, abs=1e-12)
+
+
 def test_a_resample_draws_a_patients_images_together():
     patients = np.array([5, 5, 5, 9, 9, 1])
     for counts in next(intervals.resampled_weights(patients, 50, seed=0)):

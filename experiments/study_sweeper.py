@@ -149,11 +149,10 @@ def _sampler(conf):
     docstring)."""
     from hydra.utils import instantiate
 
-    sampler = instantiate(conf)
-    if getattr(sampler, "__class__", None).__name__ == "GridSampler":
+    if str(conf.get("_target_", "")).endswith("GridSampler"):
         raise HydraException("hydra/sweeper/sampler: the GridSampler is not supported by the harness's sweeper; "
                              "use -m with listed values (Hydra's basic sweeper) for a grid")
-    return sampler
+    return instantiate(conf)
 
 
 # The folder and the trials ----------------------------------------------------------------------------------------

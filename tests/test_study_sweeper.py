@@ -290,3 +290,15 @@ def test_the_sweeper_runs_on_todays_optuna_and_sqlalchemy_and_no_longer_on_hydra
                if path.suffix in (".py", ".yaml")]
     assert not [path for path in sources if "hydra_optuna_sweeper" in path.read_text()]
     assert "hydra-optuna-sweeper" not in (PROJECT / "pyproject.toml").read_text()
+
+
+def test_the_grid_sampler_is_refused_in_one_line_before_a_study_is_made(tmp_path):
+    from hydra.errors import HydraException
+
+    from tf_harness.experiments.study_sweeper import sweep
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    with pytest.raises(HydraException) as refused:
+        sweep(config(tmp_path, storage), Launcher(tmp_path), settings(storage=storage,
+                                                                      sampler="optuna.samplers.GridSampler"), [])
+    assert_names(str(refused.value), "GridSampler is not supported", "-m with listed values")
+    assert not list(tmp_path.iterdir())

@@ -53,11 +53,22 @@ def absolute(url: str) -> str:
     return url
 
 
-def shown(url: str) -> str:
-    """`url` as a message shows it: everything between the user's `:` and the host's `@` hidden, whether or not the
-    URL parses (a password with an unencoded `@` included)."""
-    match = re.match(r"^([^:/@]+://[^:/@]*:)(.*)@([^@]*)$", url)
-    return f"{match[1]}***@{match[3]}" if match else url
+def shown(text: str) -> str:
+    """`text`, a URL or a message that names some, as a message shows it: each URL's password hidden, everything
+    between its user's `:` and its host's `@`, whether or not the URL parses (a password with an unencoded `@`
+    included)."""
+    return re.sub(r"(://[^:/@\s'\"]*:)\S*@", r"\1***@", text)
+
+
+@contextlib.contextmanager
+def quiet():
+    """Without Optuna's warnings that heartbeats are "experimental" and meant for Study.optimize: the harness's
+    sweeper asks and tells its trials, and records their heartbeats itself (experiments/study_sweeper.py)."""
+    import optuna
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        yield
 
 
 def storage_errors() -> tuple:
@@ -73,7 +84,6 @@ def open_storage(url: str, heartbeat=None):
     StorageError with the one line; a SQLite file, or the folders above it, that this attempt made are removed
     first."""
     import optuna
-    import sqlalchemy.exc
 
     url = absolute(url)
     made = _sqlite_parts_missing(url)
@@ -82,15 +92,14 @@ def open_storage(url: str, heartbeat=None):
             _check_database_file(Path(url[len(SQLITE):]))
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna's words since 2.8
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                with quiet():
                     options = {}
                     if heartbeat:
                         interval, grace, retries = heartbeat
                         options = dict(heartbeat_interval=interval, grace_period=grace,
                                        heartbeat_stale_trial_callback=retry_callback(retries))
                     return optuna.storages.RDBStorage(url, **options)
-            except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
+            except storage_errors() as error:
                 if attempt == ATTEMPTS or not _racing(error):
                     raise
                 time.sleep(0.2 * attempt)
@@ -102,8 +111,7 @@ def open_storage(url: str, heartbeat=None):
 def retry_callback(retries: int):
     """Optuna's callback that asks a failed trial again with its parameters, at most `retries` times."""
     import optuna
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with quiet():
         return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=retries)
 
 
@@ -140,7 +148,7 @@ def _check_database_file(path: Path) -> None:
 def refusal(url: str, error: BaseException) -> str:
     """The config error line for the storage `url` that `error` kept from opening."""
     cause = getattr(error, "orig", None) or error
-    why = re.sub(r"(://[^:/@\s'\"]*:)\S*@", r"\1***@", " ".join(str(cause).split()))[:200]
+    why = shown(" ".join(str(cause).split()))[:200]
     text = f"{type(cause).__name__}: {why}" if why else type(cause).__name__
     low = why.lower()
     if isinstance(cause, ImportError) or "can't load plugin" in low:

@@ -20,12 +20,10 @@ itself: it asks a study for trials, runs each as a job through Hydra's launcher,
 - A study that cannot be told how a job ended (its server gone) ends the sweep in one line: the job's folder keeps
   the result, and the same command again tells the study.
 """
-import contextlib
 import logging
 import math
 import os
 import threading
-import warnings
 from itertools import groupby
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from tf_harness.data.integrity import atomic_file
+from tf_harness.experiments import study as studies
 
 log = logging.getLogger(__name__)
 # A trial's sweeper records a heartbeat this often; one silent for GRACE_S belonged to a process that died.
@@ -46,7 +45,6 @@ def sweep(config, launcher, settings: dict, arguments: list) -> None:
     """Runs the sweep of `settings` (StudySweeper's) with the command line's sweep `arguments`."""
     import optuna
 
-    from tf_harness.experiments import study as studies
 
     space, fixed = search_space(_params(settings["params"]) + arguments)
     directions = _directions(settings["direction"])
@@ -76,7 +74,7 @@ def sweep(config, launcher, settings: dict, arguments: list) -> None:
 
     to_go = settings["n_trials"]
     while to_go > 0:
-        with _quiet():
+        with studies.quiet():
             trials = [study.ask() for _ in range(min(to_go, settings["n_jobs"]))]
         jobs = [_job(trial, space, fixed, sweep_dir) for trial in trials]
         returns = []
@@ -168,7 +166,6 @@ def _job(trial, space: dict, fixed: dict, sweep_dir: Path) -> list:
     """The overrides of `trial`'s job: its parameters, the fixed values, and, for a retried trial of this sweep
     folder, its first folder, whose checkpoint it resumes from. A retried trial of another sweep folder (another
     process's, which died) starts afresh in this one: that folder is its own sweep's to write."""
-    from tf_harness.experiments import study as studies
 
     for key, distribution in space.items():
         trial._suggest(key, distribution)
@@ -187,10 +184,9 @@ def _recover(study, sweep_dir: Path, directions) -> int:
     import optuna
     from optuna.trial import TrialState
 
-    from tf_harness.experiments import study as studies
     from tf_harness.experiments.sweep_report import OUTCOME, read_outcome
 
-    with _quiet():
+    with studies.quiet():
         optuna.storages.fail_stale_trials(study)  # heartbeats stopped: the callback retries them
     retry = studies.retry_callback(MAX_RETRY)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -206,17 +202,6 @@ def _recover(study, sweep_dir: Path, directions) -> int:
         study.tell(trial.number, state=TrialState.FAIL)
         retry(study, study._storage.get_trial(trial._trial_id))
     return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Without Optuna's warnings that heartbeats are "experimental" and meant for Study.optimize: the sweeper
-    records them itself (_Heartbeat)."""
-    import optuna
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-        yield
 
 
 def _finite(value) -> bool:
@@ -260,7 +245,6 @@ def _tell(study, trial, ret, objectives: int) -> None:
     already (pruned) keeps the state the job gave. A study that cannot be told raises studies.StudyUnreachable."""
     from optuna.trial import TrialState
 
-    from tf_harness.experiments import study as studies
 
     try:
         if study._storage.get_trial(trial._trial_id).state.is_finished():

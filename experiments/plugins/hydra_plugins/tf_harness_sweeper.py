@@ -17,10 +17,10 @@ class StudySweeper(Sweeper):
     def __init__(self, sampler, direction, storage, study_name, n_trials, n_jobs, params):  # noqa: D107
         self.settings = dict(sampler=sampler, direction=direction, storage=storage, study_name=study_name,
                              n_trials=n_trials, n_jobs=n_jobs, params=params)
-        self.config = self.launcher = self.hydra_context = None
+        self.config = self.launcher = None
 
     def setup(self, *, hydra_context, task_function, config) -> None:
-        self.config, self.hydra_context = config, hydra_context
+        self.config = config
         self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
                                                                 task_function=task_function, config=config)
 

@@ -12,8 +12,8 @@ import logging
 import math
 
 from tf_harness.data.errors import DatasetError
-from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.data.integrity.text_files import read_text
+from tf_harness.data.integrity.writing import replacing
 from tf_harness.data.losses import balanced_positive_weights
 
 log = logging.getLogger(__name__)

@@ -20,6 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tf_harness.data.integrity import writing
 from tf_harness.experiments import schema, xla_cache
 from tf_harness.experiments.study import StudyUnreachable
 from tf_harness.experiments.run_dir import interrupts, os_errors, reentry
@@ -91,7 +92,7 @@ def _append_run_log(run_dir, *lines) -> None:
         return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f",{int(time.time() * 1000) % 1000:03d}"
     try:
-        with open(path, "a") as f:
+        with writing.appending(path) as f:
             f.writelines(f"[{stamp}][{log.name}][ERROR] - {line}\n" for line in lines)
     except OSError:  # the one line on stderr stands
         pass

@@ -55,18 +55,13 @@ def read_run(run_dir: Path, split: str):
         raise Refused(f"{saved} cannot be read ({_why(error)}); is {run_dir} a run directory?") from None
     entry = TASKS.entries.get(dataset)
     path = run_dir / predictions_file(split, entry is not None and entry.test is not None)
+    write = f"write it again with `python run.py hydra.run.dir={run_dir} mode=predict split={split}`"
     try:
-        with reading.open_file(path, "r") as file:
-            predictions = pd.read_csv(file)
-    except (OSError, ValueError) as error:
-        raise Refused(f"{path} cannot be read ({_why(error)}); write it with `python run.py "
-                      f"hydra.run.dir={run_dir} mode=predict split={split}`") from None
-    described = [column for column in predictions if column.startswith("path") or column in ("global_step", "split")]
-    damaged = predictions[described].isna().any(axis=1).to_numpy()
-    if damaged.any():  # a file cut mid-row, say: its last row lacks its split
-        raise Refused(f"{path} is damaged: row {int(np.flatnonzero(damaged)[0]) + 2} lacks its "
-                      f"{'|'.join(described)}; write it again with `python run.py hydra.run.dir={run_dir} mode=predict "
-                      f"split={split}`")
+        predictions = reading.read_csv(path)
+    except reading.DamagedTableError as error:
+        raise Refused(f"{error}; {write}") from None
+    except OSError as error:
+        raise Refused(f"{path} cannot be read ({_why(error)}); {write}") from None
     held = sorted(set(predictions["split"])) if "split" in predictions else ["unknown (an older predictions.csv)"]
     if held != [split]:
         raise Refused(f"{path} holds the {'|'.join(held)} split, not {split}; write it with `python run.py "

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.writing import replacing
 from tf_harness.data.tables import path_columns
 from tf_harness.data.task import Task
 from tf_harness.experiments import heatmaps, intervals, metrics, metrics_history

@@ -51,7 +51,7 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import fingerprint_pb2, saved_model_pb2
 
-from tf_harness.data.integrity import reading
+from tf_harness.data.integrity import reading, writing
 from tf_harness.experiments.run_dir import checkpoints
 from tf_harness.experiments.run_dir.directory import no_checkpoint
 
@@ -228,7 +228,7 @@ def write(serving, target: Path, record: dict | None = None) -> None:
         tf.saved_model.save(serving, str(staging), signatures={SIGNATURE: serving.serve})
         if record is not None:
             (staging / RECORD).parent.mkdir(exist_ok=True)
-            (staging / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+            writing.write_text(staging / RECORD, json.dumps(record, indent=1) + "\n")
         os.rename(staging, target)  # refuses, rather than replaces, a target that appeared meanwhile
     finally:
         shutil.rmtree(staging, ignore_errors=True)

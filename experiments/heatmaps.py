@@ -21,7 +21,7 @@ from PIL import Image
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.writing import replacing
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +135,15 @@ def _listed(index) -> set:
     """The overlay files an earlier heatmaps/index.csv lists (plain names in its folder); none when there is no
     index, and none, with a warning, when it cannot be read: then no file is removed."""
     try:
-        with reading.open_file(index, "r", newline="") as file:
-            names = pd.read_csv(file, usecols=["file"], dtype=str)["file"].dropna()
+        names = reading.read_csv(index, usecols=["file"], dtype=str)["file"].dropna()
     except FileNotFoundError:
         return set()
-    except (OSError, ValueError) as error:
+    except OSError as error:
         log.warning("%s cannot be read (%s); the overlays it listed are left as they are", index,
-                    type(error).__name__)
+                    error.strerror or type(error).__name__)
+        return set()
+    except reading.DamagedTableError as error:
+        log.warning("%s; the overlays it listed are left as they are", error)
         return set()
     return {name for name in names if name == Path(name).name and name.endswith(".png")}
 

@@ -40,7 +40,7 @@ from tensorboard.plugins.hparams import summary_v2 as hp  # what `api` exports, 
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.writing import replacing
 from tf_harness.experiments import metrics
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from tf_harness.data.integrity import reading
+from tf_harness.data.integrity import reading, writing
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +43,12 @@ def append(model_dir, record: dict, now=time.time, name=NAME) -> None:
     (metrics.jsonl, or the history of a record kept beside metrics.json: `metrics_test.jsonl`), with its `time`."""
     path = Path(model_dir) / name
     line = json.dumps({**_clean(record), "time": now()}, sort_keys=True) + "\n"
-    descriptor = reading.open_descriptor(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(descriptor).st_size
+    with writing.appending(path, "ab", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
         if size and _last_byte(path, size) != b"\n":  # a line cut short by a kill stays a line of its own
             line = "\n" + line
-        os.write(descriptor, line.encode("utf-8"))
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+        file.write(line.encode("utf-8"))
+        os.fsync(file.fileno())
 
 
 def _last_byte(path, size) -> bytes:

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.writing import replacing
 from tf_harness.experiments.run_dir import interrupts
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.writing import replacing
 from tf_harness.experiments import metrics, schema
 from tf_harness.experiments.run_dir import checkpoints, interrupts
 from tf_harness.experiments.run_dir.directory import no_checkpoint

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
+from tf_harness.data.integrity import writing
 from tf_harness.experiments import recipes, sections, strategies
 from tf_harness.experiments.run_dir import interrupts, reentry, run_lock
 from tf_harness.experiments.run_dir.directory import claim
@@ -102,7 +103,7 @@ def start(settings, model_dir) -> None:
                           f"trainer has written its first checkpoint, with hydra.run.dir=<the trainer's run directory>")
     run_lock.hold_evaluator(model_dir)
     if left:  # where Hydra's job logging writes a file, the sidecar's goes to eval.log, formatted alike
-        handler = logging.FileHandler(model_dir / LOG_NAME)
+        handler = writing.LogFile(model_dir / LOG_NAME)
         handler.setFormatter(left[0].formatter)
         handler.setLevel(left[0].level)
         logging.getLogger().addHandler(handler)

@@ -30,7 +30,7 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from tf_harness.data.integrity import atomic_file
+from tf_harness.data.integrity import writing
 from tf_harness.experiments import study as studies
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ def _sampler(conf):
 def _record_owner(config, sweep_dir: Path) -> None:
     """multirun.yaml, the sweep's command line and settings, as Hydra's basic sweeper writes it."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_file.replacing(sweep_dir / "multirun.yaml") as file:
+    with writing.replacing(sweep_dir / "multirun.yaml") as file:
         file.write(OmegaConf.to_yaml(config))
 
 
@@ -279,5 +279,5 @@ def _save_results(study, directions, sweep_dir: Path) -> None:
     else:
         results = {"name": "optuna", "solutions": [{"params": t.params, "values": t.values}
                                                    for t in study.best_trials]}
-    with atomic_file.replacing(sweep_dir / "optimization_results.yaml") as file:
+    with writing.replacing(sweep_dir / "optimization_results.yaml") as file:
         file.write(OmegaConf.to_yaml(OmegaConf.create(results)))

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.writing import replacing
 from tf_harness.experiments import hparams as hparams_record
 from tf_harness.experiments import review
 

@@ -41,7 +41,7 @@ import yaml
 from hydra.core.utils import JobStatus
 
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.writing import replacing
 from tf_harness.experiments import hparams, metrics_history
 from tf_harness.experiments.schema import EVALUATING_MODES
 from tf_harness.experiments.sweep_folder import SweepFolder

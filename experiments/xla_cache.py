@@ -33,7 +33,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tf_harness.data.integrity import atomic_file, locks, reading
+from tf_harness.data.integrity import locks, reading, writing
 
 log = logging.getLogger(__name__)
 FLAG = "--tf_xla_persistent_cache_directory"
@@ -163,7 +163,7 @@ def _publish(entry, target) -> bool:
     except OSError:
         temporary = _shared / f".{entry.name}.{uuid.uuid4().hex[:8]}.tmp"
         shutil.copyfile(entry, temporary)  # a file system without hard links
-        atomic_file.publish(temporary, target)
+        writing.publish(temporary, target)
     return True
 
 
@@ -172,7 +172,7 @@ def _claim(record, content: dict) -> bool:
     that entry now (its record is there, another and young). A record left without its entry for ORPHAN_AGE_S is
     replaced. Readers look only at the records of entries that are there, so neither write is seen half done."""
     try:
-        fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        file = writing.creating(record)
     except FileExistsError:
         if _read_record(record) == content:
             return True  # left by a publisher of the same bytes
@@ -182,10 +182,10 @@ def _claim(record, content: dict) -> bool:
         except FileNotFoundError:
             return False  # removed this instant: its entry is found damaged, and the next start publishes anew
         temporary = record.with_name(f".{record.name}.{uuid.uuid4().hex[:8]}.tmp")  # unique across hosts
-        with atomic_file.replacing(record, temporary=temporary) as file:
+        with writing.replacing(record, temporary=temporary) as file:
             json.dump(content, file)
         return True
-    with os.fdopen(fd, "w") as file:
+    with file:
         json.dump(content, file)
     return True
 

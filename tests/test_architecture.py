@@ -129,10 +129,10 @@ def _calls(module, function):
 
 def test_one_module_takes_file_locks_and_one_replaces_files():
     """Locks on files are taken in data/integrity/locks.py alone, and files are renamed over others in
-    data/integrity/atomic_file.py alone: each is done one way, in one place."""
+    data/integrity/writing.py alone: each is done one way, in one place."""
     flocks, replaces = _calls("fcntl", "flock"), _calls("os", "replace")
     assert len(flocks) == 1 and flocks[0].startswith("data/integrity/locks.py:"), flocks
-    assert len(replaces) == 1 and replaces[0].startswith("data/integrity/atomic_file.py:"), replaces
+    assert len(replaces) == 1 and replaces[0].startswith("data/integrity/writing.py:"), replaces
 
 
 # Where a reader enters each file of the documented path, and the file of the path that calls it there.

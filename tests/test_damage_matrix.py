@@ -1,5 +1,7 @@
-"""The damage matrix: every file and folder of a finished, exported run directory, deleted, emptied, garbled or (a
-file) replaced by a named pipe, then re-entered with the training command and with `mode=evaluate`, and each of its export's with `mode=export`.
+"""The damage matrix: every file and folder of a finished, exported, tested and predicted run directory, deleted,
+emptied, garbled or (a file) replaced by a named pipe, then re-entered with the training command and with
+`mode=evaluate`; each of its export's with `mode=export`, and each output of a test evaluation or of predict
+(OUTPUTS) with the command that writes it again.
 
 Each run ends one of two ways, and the outcomes make docs/run-directory.md's table "What each kind of damage does",
 which the last test compares with what was observed here:
@@ -52,8 +54,14 @@ pytestmark = pytest.mark.slow
 TINY = ("dataset=lfw_pairs", "experiment=smoke", "pipeline.image_size=24", "pipeline.batch_size=8",
         "model.widths=[8,16]", "model.embedding_size=16", "model.head_units=8", "trainer.eval_steps=1")
 TRAINED_TO, MORE = 4, 6
-COMMANDS = {"train": (f"trainer.train_steps={MORE}",), "evaluate": ("mode=evaluate",), "export": ("mode=export",)}
+COMMANDS = {"train": (f"trainer.train_steps={MORE}",), "evaluate": ("mode=evaluate",), "export": ("mode=export",),
+            "test": ("mode=evaluate", "split=test"), "predict": ("mode=predict",),
+            "predict-validation": ("mode=predict", "split=validation")}
 TRAINING_COMMANDS = ("train", "evaluate")  # what every case is re-entered with; an export's cases, with mode=export
+# The outputs of a test evaluation and of predict: each is damaged on its own and re-entered with the command that
+# writes it again (and, with the files no training reads back, with the training commands).
+OUTPUTS = {"metrics_test.json": "test", "metrics_test.jsonl": "test", "predictions.csv": "predict",
+           "predictions_validation.csv": "predict-validation"}
 DAMAGES = ("delete", "empty", "garble", "pipe")
 # A case that runs longer is stopped (SIGALRM) and counted a hang: a named pipe read without care waits for ever.
 CASE_SECONDS = 300
@@ -65,7 +73,7 @@ MAY_CHANGE = re.compile(r"^(run\.log|\.hydra/reentry-[^/]+/.*)$")
 # so are the folders of the event files and the export.
 EXPORT = re.compile(r"^export/")
 UNREAD = re.compile(r"^(run\.log|skipped\.csv|\.lock|\.hydra/overrides\.yaml|(train|validation)/events\.out\.tfevents\..*"
-                    r"|events\.out\.tfevents\..*\.session_end|export/.*)$")
+                    r"|events\.out\.tfevents\..*\.session_end|export/.*|metrics_test\.jsonl?|predictions.*\.csv)$")
 UNREAD_FOLDERS = ("train/", "validation/", "export/")
 SAVED_HYDRA = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 CHECKPOINT_FILE = re.compile(r"^checkpoints/ckpt-(\d+)\.(index|data-\d+-of-\d+)$")
@@ -179,6 +187,7 @@ def cases_of(run_dir) -> list:
               if path not in UNREAD_FOLDERS and not EXPORT.match(path) for how in DAMAGES[:2]]
     cases += [(unread, how, TRAINING_COMMANDS) for how in DAMAGES]
     cases += [(UNREAD_FOLDERS, how, TRAINING_COMMANDS) for how in DAMAGES[:2]]
+    cases += [((path,), how, (OUTPUTS[path],)) for path in files if path in OUTPUTS for how in DAMAGES]
     cases += [((path,), how, ("export",)) for path in files if EXPORT.match(path) for how in DAMAGES]
     cases += [((path,), how, ("export",)) for path in folders if EXPORT.match(path) for how in DAMAGES[:2]]
     return cases
@@ -274,8 +283,10 @@ def run_case(server, base, work, targets, how, command):
             problems.append(f"restored {step}, not the newest intact checkpoint, {newest}")
         if command == "train":
             outcome = f"resumes from ckpt-{step}" if step is not None else "trains from step 0"
-        elif command == "evaluate":
+        elif command in ("evaluate", "test"):
             outcome = f"evaluates ckpt-{step}"
+        elif command.startswith("predict"):
+            outcome = f"predicts with ckpt-{step}"
         else:
             outcome = f"exports ckpt-{step}" if "Exported" in stdout else f"keeps export/{step}"
             unloadable = loads(run_dir / "export" / str(step))
@@ -312,15 +323,18 @@ def loads(folder) -> str | None:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """A finished run: trained to step 4 with checkpoints every 2 steps, evaluated, and exported."""
+    """A finished run: trained to step 4 with checkpoints every 2 steps, evaluated, and exported; its test split
+    evaluated, and each split predicted."""
     run_dir = tmp_path_factory.mktemp("damage") / "base"
     result = run_cli(*TINY, f"trainer.train_steps={TRAINED_TO}", "trainer.checkpoint_every=2",
                      f"hydra.run.dir={run_dir}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "metrics.json").is_file() and (run_dir / "checkpoints" / f"ckpt-{TRAINED_TO}.index").is_file()
-    result = run_cli(f"hydra.run.dir={run_dir}", "mode=export", timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    for command in ("export", "test", "predict", "predict-validation"):
+        result = run_cli(f"hydra.run.dir={run_dir}", *COMMANDS[command], timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
     assert loads(run_dir / "export" / str(TRAINED_TO)) is None
+    assert {path for path in OUTPUTS if (run_dir / path).is_file()} == set(OUTPUTS)
     return run_dir
 
 
@@ -365,7 +379,8 @@ def test_damage_to_what_a_run_reads_is_logged_where_it_goes_on(observed):
             "evaluate": re.compile(r"^(checkpoints/(checkpoint|ckpt-4\..*|)|\.hydra/hydra\.yaml)$"),
             "export": re.compile(r"^export/4/(saved_model\.pb|fingerprint\.pb|assets\.extra/.*|variables/.*)$")}
     silent = [f"{r['targets'][0]} {r['how']}, {r['command']}" for r in observed
-              if r["status"] == 0 and len(r["targets"]) == 1 and read[r["command"]].match(r["targets"][0])
+              if r["status"] == 0 and len(r["targets"]) == 1 and r["command"] in read
+              and read[r["command"]].match(r["targets"][0])
               and not r["warnings"]]
     assert not silent, "\n".join(silent)
 

@@ -90,7 +90,7 @@ def test_a_run_folder_that_is_a_file_exits_1_with_one_line(tmp_path):
 def test_a_folder_where_the_lock_file_must_be_exits_1_with_one_line(tmp_path):
     (tmp_path / "run" / ".lock").mkdir(parents=True)
     result = run_cli(*TINY, f"hydra.run.dir={tmp_path / 'run'}", timeout=300)
-    assert_error(result, 1, f"Is a directory: {tmp_path / 'run' / '.lock'};")
+    assert_error(result, 1, f"{tmp_path / 'run' / '.lock'} is a folder, not a regular file", "move it away")
     assert (tmp_path / "run" / ".lock").is_dir()
 
 
@@ -152,7 +152,7 @@ def test_a_run_started_on_a_full_disk_exits_1_naming_where_and_leaves_no_folder(
 
 def test_the_run_files_written_first_name_themselves_on_a_full_disk(tmp_path):
     """The run lock and skipped.csv are written by Python, whose failed write names no file."""
-    from tf_harness.data.integrity.atomic_file import replacing
+    from tf_harness.data.integrity.writing import replacing
     from tf_harness.experiments.run_dir import run_lock
 
     with tmpfs(tmp_path / "disk", size="64k") as disk:

@@ -474,9 +474,10 @@ def test_test_split_evaluation_predictions_and_compare_end_to_end(tmp_path):
     assert auc_line.endswith("DeLong")
 
 
-def test_predict_replaces_a_named_pipe_at_predictions_csv_whole_without_waiting_on_it(shared_runs, tmp_path):
+def test_predict_refuses_a_named_pipe_at_predictions_csv_in_one_line_without_waiting_on_it(shared_runs, tmp_path):
     """predictions.csv was written in place with a plain to_csv: a named pipe there made mode=predict hang, and a
-    kill mid-write left a file cut mid-row."""
+    kill mid-write left a file cut mid-row. It is written whole through the door now, which refuses the pipe (it
+    is nobody's file of the run's) at once, and leaves it there."""
     import os
     import signal
 
@@ -492,10 +493,11 @@ def test_predict_replaces_a_named_pipe_at_predictions_csv_whole_without_waiting_
     previous = signal.signal(signal.SIGALRM, waited)
     signal.alarm(120)
     try:
-        api.run(["mode=predict"], run_dir=str(run_dir))
+        with pytest.raises(api.RunFailed) as refused:
+            api.run(["mode=predict"], run_dir=str(run_dir))
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    predictions = pd.read_csv(run_dir / "predictions.csv")
-    assert (run_dir / "predictions.csv").is_file() and len(predictions) > 0
+    assert_names(str(refused.value), f"{run_dir / 'predictions.csv'} is a named pipe", "move it away")
+    assert (run_dir / "predictions.csv").is_fifo()
     assert not [path.name for path in run_dir.iterdir() if path.name.endswith(".tmp")]

@@ -317,7 +317,7 @@ def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_fa
 def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, caplog):
     """A full disk mid-write left a cut-short job_outcome.json."""
     import errno
-    from tf_harness.data.integrity import atomic_file
+    from tf_harness.data.integrity import writing
     from tf_harness.experiments.cli import SweepCallback
     from tf_harness.experiments.sweep_report import OUTCOME
     run_dir = tmp_path / "0"
@@ -341,7 +341,7 @@ def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, cap
         def __exit__(self, *exc_info):
             self.file.close()
 
-    monkeypatch.setattr(atomic_file, "open", FullDisk, raising=False)
+    monkeypatch.setattr(writing, "open", FullDisk, raising=False)
     end_job(SweepCallback(), job_config(run_dir), job_return(0.5))
     monkeypatch.undo()
     assert sorted(path.name for path in run_dir.iterdir()) == [OUTCOME]

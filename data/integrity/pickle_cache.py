@@ -1,7 +1,7 @@
 """Pickled caches under cache_home(): the parsed indexes, metadata and verification verdicts.
 
-A cache is read whole or not at all (a missing or damaged one is simply made again, a folder in its place
-removed, with a warning), and written
+A cache is read whole or not at all (a missing or damaged one is simply made again, a folder or special file
+in its place removed, with a warning), and written
 through a temporary file renamed into place, so a killed write never leaves half a cache behind.
 
 A file's name is a digest of what decides its content. Written with a `key`, the file holds that key
@@ -13,8 +13,7 @@ import pickle
 import shutil
 from pathlib import Path
 
-from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity import reading, writing
 
 log = logging.getLogger(__name__)
 _KEYED = "tf-harness keyed cache"
@@ -54,8 +53,11 @@ def write(path: Path, content, key=None) -> None:
     """Pickles `content` (with `key`, for `read` to check) to `path` atomically: beside it first, then renamed
     over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir() and not path.is_symlink():  # the cache's own name: nobody else's folder, and nothing to keep
-        log.warning("Removing the folder %s, which stands where this cache file goes, to write the cache", path)
-        shutil.rmtree(path)
-    with replacing(path, "wb") as f:
+    try:
+        writing.check_place(path)
+    except reading.SpecialFileError as error:  # the cache's own name: nobody else's, and nothing to keep
+        log.warning("Removing the %s %s, which stands where this cache file goes, to write the cache", error.kind,
+                    path)
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    with writing.replacing(path, "wb") as f:
         pickle.dump(content if key is None else (_KEYED, key, content), f, protocol=pickle.HIGHEST_PROTOCOL)

@@ -91,3 +91,39 @@ def read_bytes(path) -> bytes:
 def read_text(path, encoding: str = "utf-8", errors: str = "strict") -> str:
     """The whole text of the regular file at `path` (SpecialFileError for a special file)."""
     return read_bytes(path).decode(encoding, errors)
+
+
+class DamagedTableError(DatasetError, ValueError):
+    """A CSV file of the project's that cannot be read back as the table it was written as; `str` is the one line,
+    naming the file and what is wrong with it."""
+
+
+def read_csv(path, **read_csv_kwargs):
+    """The table of the CSV file at `path` that the project wrote (predictions, an index), as a pandas DataFrame
+    (`pandas.read_csv`'s keyword arguments). The one place such a file is parsed.
+
+    Raises OSError as `open_file` does (SpecialFileError, FileNotFoundError, ...), and DamagedTableError when the
+    file is not what a whole write leaves: not UTF-8, no header, a row of another length than the header (a file
+    cut mid-row, by a kill during a plain write or a copy), a missing column asked for, or a line pandas cannot
+    parse."""
+    import csv
+    import io
+
+    import pandas as pd
+
+    try:
+        text = read_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DamagedTableError(f"{path} is damaged: byte {error.start} is not UTF-8 text") from None
+    rows = csv.reader(io.StringIO(text, newline=""))
+    header = next(rows, None)
+    if not header:
+        raise DamagedTableError(f"{path} is damaged: it is empty, without even its header")
+    for number, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise DamagedTableError(f"{path} is damaged: line {number} has {len(row)} of its {len(header)} fields "
+                                    f"(a file cut short, or written over)")
+    try:
+        return pd.read_csv(io.StringIO(text), **read_csv_kwargs)
+    except (ValueError, csv.Error) as error:  # pandas' ParserError and EmptyDataError are ValueErrors
+        raise DamagedTableError(f"{path} is damaged: {' '.join(str(error).split())[:200]}") from None

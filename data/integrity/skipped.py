@@ -3,7 +3,7 @@ import csv
 import logging
 from collections import Counter
 
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.writing import replacing
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.data.integrity.cache_folder import cache_home
+from tf_harness.data.integrity.writing import replacing
 from tf_harness.data.samples import staging as staging_dir
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from tf_harness.data.integrity import writing
 from tf_harness.data.samples import parallel_map
 
 FINDINGS = ("Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass", "Nodule", "Pneumonia",
@@ -51,7 +52,8 @@ def _write(job):
     image = Image.fromarray(pixels, "L")
     if rgba:
         image = image.convert("RGBA")
-    image.save(path, compress_level=1)
+    with writing.replacing(path, "wb") as file:
+        image.save(file, format="PNG", compress_level=1)
 
 
 def make_sample(root, seed: int = 0) -> None:
@@ -73,6 +75,6 @@ def make_sample(root, seed: int = 0) -> None:
             jobs.append((root / "images" / name, background, int(rng.integers(2**31)), labels, name == "00000004_000.png"))
             (test if patient in test_patients else train_val).append(name)
     parallel_map(_write, jobs)
-    (root / "Data_Entry_2017.csv").write_text("\n".join([HEADER, *rows]) + "\n")
-    (root / "train_val_list.txt").write_text("\n".join(train_val))
-    (root / "test_list.txt").write_text("\n".join(test))
+    writing.write_text(root / "Data_Entry_2017.csv", "\n".join([HEADER, *rows]) + "\n")
+    writing.write_text(root / "train_val_list.txt", "\n".join(train_val))
+    writing.write_text(root / "test_list.txt", "\n".join(test))

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from tf_harness.data.integrity import writing
 from tf_harness.data.samples import parallel_map
 
 # Ten real DET synsets, each drawn in a colour of its own.
@@ -138,14 +139,15 @@ def _write(job) -> None:
         _paint(pixels, rng, wnid, box)
     image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
     image_path.parent.mkdir(parents=True, exist_ok=True)
-    if encoding == "png":
-        image.save(image_path, format="PNG")  # a PNG under a .JPEG name, as a few real files are
-    else:
-        mode = {"gray": "L", "cmyk": "CMYK"}.get(encoding, "RGB")
-        image.convert(mode).save(image_path, format="JPEG", quality=90)
+    with writing.replacing(image_path, "wb") as file:
+        if encoding == "png":
+            image.save(file, format="PNG")  # a PNG under a .JPEG name, as a few real files are
+        else:
+            mode = {"gray": "L", "cmyk": "CMYK"}.get(encoding, "RGB")
+            image.convert(mode).save(file, format="JPEG", quality=90)
     if xml is not None:
         xml_path.parent.mkdir(parents=True, exist_ok=True)
-        xml_path.write_bytes(xml)
+        writing.write_bytes(xml_path, xml)
 
 
 def make_sample(root, seed: int = 0) -> None:

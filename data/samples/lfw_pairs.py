@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from tf_harness.data.integrity import writing
 from tf_harness.data.samples import parallel_map
 
 SIZE = 250
@@ -92,7 +93,8 @@ def _write(job):
     image = Image.fromarray(_photo(identity, np.random.default_rng(seed)), "RGB").resize((SIZE, SIZE), Image.BILINEAR)
     if grayscale:
         image = image.convert("L")
-    image.save(path, quality=90)
+    with writing.replacing(path, "wb") as file:
+        image.save(file, format="JPEG", quality=90)
 
 
 def _pairs(rng, people, counts, per_class):
@@ -138,9 +140,9 @@ def make_sample(root, seed: int = 0) -> None:
 
     train = _pairs(rng, splits["train"], counts, DEV_TRAIN_PAIRS)
     test = _pairs(rng, splits["test"], counts, DEV_TEST_PAIRS)
-    (root / "pairsDevTrain.txt").write_text("\n".join([str(DEV_TRAIN_PAIRS), *train]) + "\n")
-    (root / "pairsDevTest.txt").write_text("\n".join([str(DEV_TEST_PAIRS), *test]) + "\n")
+    writing.write_text(root / "pairsDevTrain.txt", "\n".join([str(DEV_TRAIN_PAIRS), *train]) + "\n")
+    writing.write_text(root / "pairsDevTest.txt", "\n".join([str(DEV_TEST_PAIRS), *test]) + "\n")
     # View 2: ten folds with no person in two of them.
     shuffled = [names[i] for i in rng.permutation(len(names))]
     folds = [_pairs(rng, sorted(shuffled[k::FOLDS]), counts, FOLD_PAIRS) for k in range(FOLDS)]
-    (root / "pairs.txt").write_text("\n".join([f"{FOLDS}\t{FOLD_PAIRS}", *sum(folds, [])]) + "\n")
+    writing.write_text(root / "pairs.txt", "\n".join([f"{FOLDS}\t{FOLD_PAIRS}", *sum(folds, [])]) + "\n")

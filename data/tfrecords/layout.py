@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from tf_harness.data.integrity import pickle_cache, reading
-from tf_harness.data.integrity.atomic_file import replacing
 from tf_harness.data.integrity.cache_folder import cache_home
+from tf_harness.data.integrity.writing import replacing
 from tf_harness.data.tables import path_columns
 
 MANIFEST = "manifest.json"

@@ -20,7 +20,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import is_temporary, publish
+from tf_harness.data.integrity.writing import is_temporary, publish
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.sources import TableRecords
@@ -124,7 +124,7 @@ def _examples(task, encoding, rows, skipped):
 
 def _write_shard(task, encoding, rows, path: Path, progress, skipped, stop=None) -> dict:
     """Writes one shard under a temporary name and renames it when whole. The temporary is `<shard>.tmp`, not
-    atomic_file's own name: tf.io.TFRecordWriter takes a path, and the converter's clean-up knows this name.
+    writing.py's own name: tf.io.TFRecordWriter takes a path, and the converter's clean-up knows this name.
     `stop` (a threading.Event), once set, ends the shard at its next record, unfinished (_Stopped)."""
     tmp = path.with_name(path.name + ".tmp")
     count = 0

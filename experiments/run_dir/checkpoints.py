@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf import text_format
 
-from tf_harness.data.integrity import atomic_file, reading
+from tf_harness.data.integrity import reading, writing
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def write_state(checkpoint_dir, latest=None) -> None:
     the state's last_preserved_timestamp, so that a tf.train.CheckpointManager created on it deletes none of them.
 
     Written only after checking each listed checkpoint's files, to a temporary file then moved into place
-    (atomic_file.publish), so the state file never names a checkpoint that is not there; removed when there is
+    (writing.publish), so the state file never names a checkpoint that is not there; removed when there is
     none."""
     folder = Path(checkpoint_dir)
     state_file = folder / STATE
@@ -215,14 +215,16 @@ def write_state(checkpoint_dir, latest=None) -> None:
     # The name file_io's own atomic write uses, which experiments/run_dir/leftovers.py removes after a kill.
     temporary = folder / f"{STATE}.tmp{uuid.uuid4().hex}"
     try:
-        with open(temporary, "w") as f:
+        with writing.replacing(state_file, temporary=temporary, fsync=True) as f:
             f.write(text_format.MessageToString(state))
-        if any(missing_files(folder / name) for name in names):  # deleted meanwhile: list what is there
-            temporary.unlink()
-            return write_state(folder, latest)
-        atomic_file.publish(temporary, state_file, fsync=True)
-    finally:
-        temporary.unlink(missing_ok=True)
+            if any(missing_files(folder / name) for name in names):
+                raise _ListedGone
+    except _ListedGone:  # a checkpoint deleted meanwhile: list what is there
+        return write_state(folder, latest)
+
+
+class _ListedGone(Exception):
+    """A checkpoint the state was about to list is gone."""
 
 
 class Manager(tf.train.CheckpointManager):

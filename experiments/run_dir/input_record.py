@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.atomic_file import replacing
+from tf_harness.data.integrity.writing import replacing
 
 log = logging.getLogger(__name__)
 INPUT_RECORD = "input_pipelines.json"

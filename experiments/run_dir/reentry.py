@@ -46,7 +46,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from tf_harness.data.integrity import reading
+from tf_harness.data.integrity import reading, writing
 from tf_harness.experiments.config_keys import REENTRY, Reentry
 from tf_harness.experiments.schema import EVALUATION_MODES
 
@@ -187,26 +187,35 @@ def config_problem(path):
 # The run directory's files a run opens in place (appends to or locks) rather than replaces, and what for. A special
 # file there can be neither used nor replaced, and found later (Hydra appends to run.log before the run's code starts)
 # the refusal would come after the start has written its records, or the run trained: so it is refused first.
-_OPENED_FIRST = {"run.log": "the run's log is written there", ".lock": "the run's lock is taken there",
-                 ".eval-lock": "the evaluator's lock is taken there",
-                 "metrics.jsonl": "each evaluation is appended there"}
+# The files a re-entry locks or writes at a fixed name in its run directory, and what for: a named pipe, socket,
+# device or folder in one's place is refused before Hydra starts, rather than at the write, mid-run.
+_WRITTEN = {"run.log": "the run's log is written there", ".lock": "the run's lock is taken there",
+            ".eval-lock": "the evaluator's lock is taken there", "metrics.jsonl": "each evaluation is appended there",
+            "metrics.json": "each evaluation is written there", "best.json": "the best evaluation is written there",
+            "skipped.csv": "the skipped examples are listed there",
+            "checkpoints/checkpoint": "the checkpoint state is written there",
+            "checkpoints/input_pipelines.json": "each checkpoint's input pipeline is recorded there",
+            **{name: "an evaluation of its split is written there" for name in (
+                "metrics_test.json", "metrics_test.jsonl", "metrics_validation.json", "metrics_validation.jsonl")},
+            **{name: "mode=predict writes there" for name in (
+                "predictions.csv", "predictions_validation.csv", "heatmaps/index.csv")}}
 
 
 def unreadable_record(args):
     """The one line to report, before Hydra starts, when the command line re-enters a run directory whose saved
     config is missing or unreadable while the directory holds a run (an HParams record or checkpoint files):
     composing from conf/ instead would rewrite `.hydra/` and train or evaluate another config over the run's
-    checkpoints; or where a file it appends to or locks is a named pipe, socket or device. None otherwise (a new or
-    unrecorded directory, a readable config, a sweep)."""
+    checkpoints; or where a file it writes or locks (`_WRITTEN`) is a named pipe, socket, device or folder. None
+    otherwise (a new or unrecorded directory, a readable config, a sweep)."""
     if any(arg in ("-m", "--multirun") for arg in args):
         return None
     run_dir = run_dir_argument(args)
     if run_dir is None or not Path(run_dir).is_dir():
         return None
-    for name, use in _OPENED_FIRST.items():
+    for name, use in _WRITTEN.items():
         try:
-            reading.check(Path(run_dir) / name)
-        except reading.SpecialFileError as error:
+            writing.check_place(Path(run_dir) / name)
+        except OSError as error:
             return f"{error}; {use}: move it away"
     if not _has_run(run_dir):
         return None
@@ -383,7 +392,8 @@ def resolve_config(cfg):
     OmegaConf.set_struct(merged, True)
     # This re-entry's own record: the config it runs, beside the overrides Hydra saved.
     if hydra_cfg.output_subdir:
-        OmegaConf.save(merged, run_dir / hydra_cfg.output_subdir / "config.yaml")
+        with writing.replacing(run_dir / hydra_cfg.output_subdir / "config.yaml") as file:
+            OmegaConf.save(merged, file)
     return merged, None
 
 

@@ -5,7 +5,7 @@ import sys
 
 # Every benchmark, in the order listed. Each is benchmarks/NAME.py with a `main(argv)`; the first line of its
 # docstring is its description. Importing one starts no TensorFlow: each imports it where it builds its rows.
-BENCHMARKS = ("steps", "input", "compile_cache", "service", "real_size", "faults", "intervals")
+BENCHMARKS = ("steps", "input", "compile_cache", "service", "real_size", "faults", "intervals", "heatmaps")
 
 
 def description(name):

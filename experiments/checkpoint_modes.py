@@ -96,7 +96,7 @@ class CheckpointModes:
 
     def predict(self):
         predictions = self.evaluator.predict(self.settings.split)
-        if self.settings.heatmaps and predictions is not None:  # heatmaps=N: Grad-CAM of the N highest scores
+        if self.settings.heatmaps and predictions is not None:  # heatmaps=N: heatmaps of the N highest scores
             with self.trainer.averaged():
                 heatmaps.write_top(self.task, self.trainer, predictions, self.settings.heatmaps,
                                    self.run_dir.model_dir)

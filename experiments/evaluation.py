@@ -135,7 +135,7 @@ class Evaluator:
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)
             self.summaries.evaluation(self.spec, labels, scores, step)
-            self.summaries.heatmaps(self._heatmaps().overlays, step)  # a few validation images' Grad-CAM
+            self.summaries.heatmaps(self._heatmaps().overlays, step)  # a few validation images' heatmaps
             record = {**values, **bounds, "global_step": step, "examples": count, "split_examples": len(table),
                       "bootstrap": how}
             held = evaluated_record(self.model_dir) if self.write and (self.beside or self.chosen) else None

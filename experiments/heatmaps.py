@@ -1,8 +1,13 @@
-"""Grad-CAM heatmaps (Selvaraju et al. 2017): where in an image a model's score for a class comes from.
+"""Class activation heatmaps: where in an image a model's score for a class comes from.
 
-The heatmap of (image, class) is the model's last spatial feature map (`feature_layer`), each channel weighted by
-the mean gradient of the class's logit with respect to it, summed, kept positive, scaled to [0, 1] and resized to
-the image. `mode=predict heatmaps=N` writes overlays of the N (example, class) pairs of the highest scores
+The heatmap of (image, class) is LayerCAM's (Jiang et al. 2021, a Grad-CAM that weighs each position of the map
+by its own positive gradient rather than each channel by its mean one): the feature map of `feature_layer`, each
+activation weighted by the positive gradient of the class's logit with respect to it, summed over channels, scaled
+to [0, 1] and resized to the image. The map is the model's last one of at least MIN_CELLS cells across: a
+network's last maps hold a few cells each a large part of the image, too coarse to say where in it a finding
+lies, and Grad-CAM's channel means blur a finer map, which LayerCAM's per-position weights keep sharp.
+
+`mode=predict heatmaps=N` writes overlays of the N (example, class) pairs of the highest scores
 (`write_top`), and removes the overlays an earlier index listed that the new one does not, so that the folder holds
 what its index lists; each evaluation shows a fixed few validation images' overlays in TensorBoard
 (`ValidationHeatmaps`).
@@ -28,25 +33,34 @@ log = logging.getLogger(__name__)
 FOLDER = "heatmaps"
 INDEX = "index.csv"  # heatmaps/index.csv: one row per overlay written
 SHOWN = 3  # validation examples whose heatmaps each evaluation shows
+MIN_CELLS = 16  # across the shorter side of the map the heatmap reads, where the model has one that fine
 OPACITY = 0.45  # of the heatmap's colours over the image
-_POOLS = (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D)
+# Layers that only pool, pad or crop a map: a padded map's cells no longer line up with the image's.
+_NOT_READ = (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D, keras.layers.ZeroPadding2D,
+             keras.layers.Cropping2D)
 
 
 def feature_layer(model) -> keras.layers.Layer:
-    """The model's last layer with a spatial output (batch, height, width, channels), pools left out: the finest
-    map that every later layer only pools and weighs. Raises ValueError when the model has none at its top level
-    after its last nested model (a backbone nested as one layer) or its input."""
+    """The model's last layer whose spatial output (batch, height, width, channels) is at least MIN_CELLS cells
+    across, pools, paddings and crops left out; the finest spatial layer when none is that fine. Raises ValueError
+    when the model has no spatial layer at its top level after its last nested model (a backbone nested as one
+    layer) or its input."""
+    spatial = []
     for layer in reversed(model.layers):
         if isinstance(layer, (keras.Model, keras.layers.InputLayer)):
             break
         output = getattr(layer, "output", None)
-        if not isinstance(layer, _POOLS) and output is not None and len(output.shape) == 4:
-            return layer
-    raise ValueError(f"model {model.name} has no layer with a spatial output at its top level for Grad-CAM")
+        if not isinstance(layer, _NOT_READ) and output is not None and len(output.shape) == 4:
+            if min(output.shape[1:3]) >= MIN_CELLS:
+                return layer
+            spatial.append(layer)
+    if not spatial:
+        raise ValueError(f"model {model.name} has no layer with a spatial output at its top level for heatmaps")
+    return max(spatial, key=lambda layer: min(layer.output.shape[1:3]))  # the last of the finest
 
 
-class GradCam:
-    """Grad-CAM of one Keras model (float images in, logits out)."""
+class LayerCam:
+    """The class activation heatmaps (LayerCAM) of one Keras model (float images in, logits out)."""
 
     def __init__(self, model):
         self.layer = feature_layer(model)
@@ -63,8 +77,7 @@ class GradCam:
         # float32 cast is not on the path to the logits), and only then cast.
         gradients = tf.cast(tape.gradient(scores, maps), tf.float32)
         maps = tf.cast(maps, tf.float32)
-        weights = tf.reduce_mean(gradients, axis=[1, 2], keepdims=True)
-        cams = tf.nn.relu(tf.reduce_sum(maps * weights, axis=-1, keepdims=True))
+        cams = tf.nn.relu(tf.reduce_sum(maps * tf.nn.relu(gradients), axis=-1, keepdims=True))
         cams = cams / tf.maximum(tf.reduce_max(cams, axis=[1, 2, 3], keepdims=True), 1e-12)
         return tf.image.resize(cams, tf.shape(images)[1:3])[..., 0].numpy()
 
@@ -104,7 +117,7 @@ def write_top(task, trainer, predictions, count, model_dir, batch_size=16) -> Pa
     names = list(task.SPEC.class_names)
     pairs = top_pairs(predictions, names, count)
     try:
-        cam, rows = GradCam(trainer.model), []
+        cam, rows = LayerCam(trainer.model), []
     except ValueError as error:
         raise ConfigError(f"heatmaps={count}: {error}") from None
     for start in range(0, len(pairs), batch_size):
@@ -126,7 +139,9 @@ def write_top(task, trainer, predictions, count, model_dir, batch_size=16) -> Pa
                                     "width"]).to_csv(f, index=False)
     for name in stale:  # an earlier predict's overlays that the new index does not list
         (folder / name).unlink(missing_ok=True)
-    log.info("heatmaps=%d: wrote %d Grad-CAM overlay(s) of the highest scores to %s%s", count, len(rows), folder,
+    shape = cam.layer.output.shape
+    log.info("heatmaps=%d: wrote %d heatmap overlay(s) of the highest scores, from layer %s's %dx%d map, to %s%s",
+             count, len(rows), cam.layer.name, shape[1], shape[2], folder,
              f", and removed {len(stale)} an earlier index listed" if stale else "")
     return folder
 
@@ -163,7 +178,7 @@ class ValidationHeatmaps:
             return None
         if self._images is None:
             try:
-                self._cam = GradCam(self.trainer.model)
+                self._cam = LayerCam(self.trainer.model)
             except ValueError as error:
                 log.info("No heatmaps in TensorBoard: %s", error)
                 self.paths = []

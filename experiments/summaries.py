@@ -64,7 +64,7 @@ class Summaries:
             images, description = shown
             with self.writers["validation"].as_default(step=step):
                 tf.summary.image("heatmaps", images, step=step, max_outputs=len(images),
-                                 description=f"Grad-CAM of the class scored highest: {description}")
+                                 description=f"LayerCAM heatmaps of the class scored highest: {description}")
             self.writers["validation"].flush()
 
     def hparams(self, settings, task, job):

@@ -43,8 +43,9 @@ def _last_map_grad_cam():
 
     def last_map(model):
         for layer in reversed(model.layers):
-            if not isinstance(layer, (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D)) and \
-                    len(getattr(layer, "output", ()).shape or ()) == 4:
+            output = getattr(layer, "output", None)
+            pool = isinstance(layer, (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D))
+            if not pool and output is not None and len(output.shape) == 4:
                 return layer
         raise ValueError("no spatial layer")
 

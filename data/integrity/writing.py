@@ -66,7 +66,9 @@ def check_place(path) -> None:
         return  # nothing there, or a place the open that follows reports
     if stat.S_ISDIR(mode):
         raise FolderInPlaceError(path)
-    reading.check(path)
+    kind = reading.kind_of(mode)
+    if kind:
+        raise reading.SpecialFileError(path, kind)
 
 
 def publish(temporary, path, *, fsync: bool = False) -> None:

@@ -299,12 +299,15 @@ def test_a_sweep_killed_mid_trial_run_again_resumes_the_trial_in_its_own_folder(
             "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path}"]
     process = subprocess.Popen([sys.executable, "run.py", *args, "trainer.train_steps=400"], cwd=PROJECT,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def saved_steps():  # the newest checkpoints only are kept: ckpt-4 itself may be gone between two looks
+        return [int(p.stem.split("-")[1]) for p in (tmp_path / "0" / "checkpoints").glob("ckpt-*.index")]
+
     deadline = time.time() + 300
-    while not list((tmp_path / "0" / "checkpoints").glob("ckpt-4.index")) and time.time() < deadline:
-        time.sleep(0.5)
+    while max(saved_steps(), default=0) < 4 and time.time() < deadline:
+        time.sleep(0.1)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    saved = max(int(p.stem.split("-")[1]) for p in (tmp_path / "0" / "checkpoints").glob("ckpt-*.index"))
+    saved = max(saved_steps())
     assert 4 <= saved < 400
     again = run_cli(*args, f"trainer.train_steps={saved + 2}")  # a run-control key: the same sweep
     assert again.returncode == 0, again.stderr[-3000:]

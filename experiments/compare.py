@@ -54,6 +54,9 @@ def read_run(run_dir: Path, split: str):
     except Exception as error:  # noqa: BLE001  any unreadable or foreign file is one line
         raise Refused(f"{saved} cannot be read ({_why(error)}); is {run_dir} a run directory?") from None
     entry = TASKS.entries.get(dataset)
+    if split == "test" and entry is not None and entry.test is None:
+        raise Refused(f"{run_dir} is of dataset={dataset}, which has no test split; compare its validation "
+                      f"predictions with --split validation")
     path = run_dir / predictions_file(split, entry is not None and entry.test is not None)
     write = f"write it again with `python run.py hydra.run.dir={run_dir} mode=predict split={split}`"
     try:

@@ -395,6 +395,19 @@ def test_compare_refuses_runs_of_other_examples_in_one_line(tmp_path, capsys):
         assert len(err.strip().splitlines()) == 1 and err.startswith("compare: "), why
 
 
+def test_compare_of_a_dataset_without_a_test_split_points_to_the_validation_split(tmp_path, capsys):
+    """imagenet_det has no test split: compare looked for predictions_test.csv and said to write it with a command
+    that is a config error."""
+    table = pd.DataFrame({"path": ["/data/a.JPEG", "/data/b.JPEG"], "label": [0, 1], "background": [0.9, 0.2],
+                          "n01443537": [0.1, 0.8], "global_step": 9, "split": "validation"})
+    run_a, run_b = _run(tmp_path / "a", "imagenet_det", table), _run(tmp_path / "b", "imagenet_det", table)
+    assert compare.main([str(run_a), str(run_b)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert_names(err, "dataset=imagenet_det", "no test split", "--split validation")
+    assert compare.main([str(run_a), str(run_b), "--split", "validation", "--resamples", "40"]) == 0
+
+
 def test_compare_refuses_a_predictions_file_cut_mid_row_in_one_line(tmp_path, capsys):
     """A predictions.csv cut mid-row, as a kill during a plain write left it, ended compare in a TypeError."""
     a = _chest_predictions(np.random.default_rng(10))

@@ -41,7 +41,7 @@ import yaml
 from hydra.core.utils import JobStatus
 
 from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.writing import replacing
+from tf_harness.data.integrity.writing import check_place, replacing
 from tf_harness.experiments import hparams, metrics_history
 from tf_harness.experiments.schema import EVALUATING_MODES
 from tf_harness.experiments.sweep_folder import SweepFolder
@@ -377,8 +377,7 @@ def sweep_outcomes(sweep_dir: Path, before, interrupt=None) -> list:
         elif before is not None and written is None:  # a job ran here, but its outcome could not be written
             outcomes.append(unknown_outcome(folder, f"no {OUTCOME}: the job could not write it"))
         elif folder in earlier and written == earlier[folder][0]:  # it ran where an earlier sweep's job had
-            outcomes.append(unknown_outcome(folder, f"the {OUTCOME} there is an earlier job's: this job could not "
-                                                    "write its own"))
+            outcomes.append(unknown_outcome(folder, _not_written(folder / OUTCOME)))
         elif written is not None:
             outcomes.append(read_outcome(folder / OUTCOME))
     return outcomes
@@ -405,6 +404,16 @@ def read_outcome(path: Path) -> dict:
     if wrong:
         return unknown_outcome(path.parent, f"{path.name} is not a job outcome (no valid {', '.join(wrong)})")
     return record
+
+
+def _not_written(path: Path) -> str:
+    """Why a job left the earlier job's outcome at `path`: what stands there where a write refuses it (a named
+    pipe, a folder: data/integrity/writing.py), or that the job could not write its own."""
+    try:
+        check_place(path)
+    except OSError as refused:
+        return f"{refused}; move it away"
+    return f"the {OUTCOME} there is an earlier job's: this job could not write its own"
 
 
 def unknown_outcome(folder: Path, why) -> dict:

@@ -465,10 +465,15 @@ def run_sweep_case(server, base, work, targets, how):
         problems += [f"the summary is untrue: {untrue}"] if untrue else []
         retrained = sorted(path.partition("/")[0] for path in touched if JOB_CHECKPOINT_FILE.match(path))
         outcome = "reports each job" + (f", job {retrained[0]} trained again" if retrained else "")
-    else:
-        if not re.match(r"^(config )?error: ", last):
+    else:  # one line before any job ran, or a job's own line in the report of the jobs that failed
+        failed = re.search(r"^  job (\d+) \(.*\) in \S+: ((?:config )?error: .*)$", stderr, re.M)
+        if re.match(r"^(config )?error: ", last):
+            outcome = f"exit {status}: {short_reason(last)}"
+        elif failed:
+            outcome = f"exit {status}: job {failed[1]} fails, {short_reason(failed[2])}"
+        else:
             problems.append(f"exit {status} without an error line (last: {last[:200]!r})")
-        outcome = f"exit {status}: {short_reason(last)}"
+            outcome = f"exit {status}: {short_reason(last)}"
     return {"targets": list(targets), "how": how, "status": status, "outcome": outcome, "problems": problems,
             "cpu": round(cpu, 1), "case": str(case), "last_line": last}
 

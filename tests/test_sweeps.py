@@ -793,7 +793,7 @@ def test_the_summary_gives_the_best_jobs_interval_over_patients_as_sklearn_compu
     # The best job's predictions on the validation split its evaluation scored, from the same checkpoint.
     predicted = run_cli(f"hydra.run.dir={run_dir}", "mode=predict", "split=validation")
     assert predicted.returncode == 0, predicted.stderr[-3000:]
-    predictions = pd.read_csv(run_dir / "predictions.csv")
+    predictions = pd.read_csv(run_dir / "predictions_validation.csv")  # predict's other split (docs/results)
     classes = [column.removeprefix("label/") for column in predictions if column.startswith("label/")]
     labels = predictions[[f"label/{name}" for name in classes]].to_numpy()
     scores = predictions[classes].to_numpy()

@@ -1,7 +1,8 @@
 """Bootstrap intervals: their cost at each dataset's test-split size, and against a test evaluation.
 
 Two tables. The first times experiments/intervals.py `intervals` (evaluation.bootstrap resamples, vectorised)
-on synthetic scores of each dataset's test-split shape: examples, classes and units. The second times
+on synthetic scores of each dataset's test-split shape: examples, classes and units, and for a dataset with a
+protocol its ten folds (LFW's `eer` and `tar_at_far_*` per fold). The second times
 `mode=evaluate split=test` end to end on a small trained run of the embedded LFW sample, in alternating
 rounds with evaluation.bootstrap=0 and with the resamples asked for, and reads from its log line how long the
 intervals took: their share of the evaluation.
@@ -29,8 +30,10 @@ SHAPES = (("chest_xray", "multilabel", 25596, 14, 2800),  # test_list.txt's imag
 _SECONDS = re.compile(r"resamples of \w+s, ([0-9.]+) s\)")
 
 
-def time_intervals(task, examples, classes, units, resamples, rounds):
-    from tf_harness.experiments import intervals
+def time_intervals(dataset, task, examples, classes, units, resamples, rounds):
+    import pandas as pd
+
+    from tf_harness.experiments import intervals, metrics
 
     rng = np.random.default_rng(0)
     if task == "multilabel":
@@ -41,10 +44,11 @@ def time_intervals(task, examples, classes, units, resamples, rounds):
         labels, scores = rng.integers(0, classes, examples), rng.dirichlet(np.ones(classes), examples)
     names = [f"c{k}" for k in range(classes)]
     drawn = rng.integers(0, units, examples)
+    folds = metrics.folds_of(dataset, pd.DataFrame({"fold": np.arange(examples) * 10 // examples}))
     seconds = []
     for _ in range(rounds):
         began = time.perf_counter()
-        intervals.intervals(task, names, labels, scores, drawn, resamples, seed=0)
+        intervals.intervals(task, names, labels, scores, drawn, resamples, seed=0, folds=folds)
         seconds.append(time.perf_counter() - began)
     return statistics.median(seconds)
 
@@ -87,7 +91,7 @@ def main(argv=None):
         print("| dataset | task | examples | classes | units | interval seconds |")
         print("|---|---|---|---|---|---|")
         for dataset, task, examples, classes, units in SHAPES:
-            seconds = time_intervals(task, examples, classes, units, args.resamples, args.rounds)
+            seconds = time_intervals(dataset, task, examples, classes, units, args.resamples, args.rounds)
             print(f"| {dataset} | {task} | {examples} | {classes} | {units} | {seconds:.2f} |")
         if not args.no_run:
             without, with_, inside = time_evaluations(args.resamples, args.rounds)

@@ -19,11 +19,14 @@ class Dataset(Entry):
     takes besides the decode settings) and ``task`` (``SPEC.task``: which metrics an evaluation writes, for the
     check of trainer.best_metric; None: checked once TensorFlow runs), ``test`` (what its test split is, for
     `split=test`; None: it has none) and ``unit`` (the table column holding the unit its examples are drawn in,
-    which a bootstrap resamples together, e.g. a patient's images; None: each example)."""
+    which a bootstrap resamples together, e.g. a patient's images; None: each example) and ``protocol`` (the
+    protocol whose metrics an evaluation of a whole split adds, measured on each of its folds:
+    experiments/metrics.py `PROTOCOLS`; None: none)."""
 
     task: str = None
     test: str = None
     unit: str = None
+    protocol: str = None
 
 
 # The datasets ---------------------------------------------------------------------------------------
@@ -36,7 +39,7 @@ TASKS = Registry({
                           unit="patient_id"),
     "imagenet_det": Dataset("tf_harness.data.imagenet_det:ImagenetDet", inputs="single", task="multiclass"),
     "lfw_pairs": Dataset("tf_harness.data.lfw_pairs:LfwPairs", inputs="pair", options=("eval_pairs", "fold"),
-                         task="binary", test="View 2: pairs.txt's ten folds"),
+                         task="binary", test="View 2: pairs.txt's ten folds", protocol="verification"),
 })
 
 

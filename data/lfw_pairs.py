@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import tensorflow as tf
-from scipy.optimize import brentq
 from sklearn.metrics import roc_curve
 
 from tf_harness.data.errors import ConfigError, DatasetError
@@ -161,36 +160,6 @@ def _with_paths(pairs, files, folder, skipped) -> pd.DataFrame:
     return pairs[~missing].reset_index(drop=True)
 
 
-# The false accept rates at which verification reports the true accept rate.
-FARS = {"tar_at_far_1e-2": 1e-2, "tar_at_far_1e-3": 1e-3}
-
-
-def verification_rates(labels, scores) -> dict:
-    """A fold's `eer` (the equal error rate: where the false accept rate equals the false reject rate, on the
-    ROC curve interpolated linearly) and `tar_at_far_1e-2`/`1e-3` (the highest true accept rate at a false accept
-    rate at most that); NaN where the fold lacks same or different pairs, and a TAR where the fold has too few
-    different pairs to resolve its false accept rate (`unresolved_rates`)."""
-    labels, scores = np.asarray(labels).reshape(-1), np.asarray(scores, np.float64).reshape(-1)
-    if labels.min(initial=1) == labels.max(initial=0):
-        return {"eer": float("nan"), **{name: float("nan") for name in FARS}}
-    false_accept, true_accept, _ = roc_curve(labels, scores, drop_intermediate=False)
-    gap = lambda rate: 1 - rate - np.interp(rate, false_accept, true_accept)  # noqa: E731  FRR - FAR at FAR `rate`
-    eer = 0.0 if gap(0.0) <= 0 else brentq(gap, 0.0, 1.0, xtol=1e-12)
-    unresolved = unresolved_rates(int((labels == 0).sum()))
-    return {"eer": float(eer),
-            **{name: float("nan") if name in unresolved else float(true_accept[false_accept <= far].max())
-               for name, far in FARS.items()}}
-
-
-def unresolved_rates(different) -> dict:
-    """{rate: why} for each TAR whose false accept rate a fold of `different` different-person pairs cannot
-    resolve: below 1 / `different`, the only false accept rate it can measure is 0, so the TAR would be the one
-    at FAR 0 whatever the rate asked."""
-    return {name: (f"a fold of {different} different-person pairs resolves false accept rates down to "
-                   f"1/{different} = {1 / max(different, 1):.2g}, above {far:g}")
-            for name, far in FARS.items() if different * far < 1}
-
-
 class LfwPairs(Task):
     """LFW face verification; options: ``eval_pairs`` (dev_test|pairs) and ``fold``."""
 
@@ -328,33 +297,18 @@ class LfwPairs(Task):
         return faces, tf.expand_dims(tf.cast(record["label"], tf.float32), -1)
 
     def protocol_metrics(self, table, scores) -> dict:
-        """LFW's protocol, per fold: the verification rates (`verification_rates`) of each fold, and the accuracy
-        at the threshold chosen on the other folds.
-
-        With several folds, each rate is their mean, with `<rate>/std` beside it, and the accuracies' mean and
-        standard deviation are `ten_fold_accuracy_mean`/`_std` (ddof=1, as the LFW README defines it); with one
-        fold, its rates.
-        """
+        """LFW's protocol accuracy: with several folds, each fold's accuracy at the threshold chosen on the other
+        folds, their mean and standard deviation as `ten_fold_accuracy_mean`/`_std` (ddof=1, as the LFW README
+        defines it). The verification rates (`eer`, `tar_at_far_*`) are the protocol's declared metrics
+        (experiments/metrics.py `PROTOCOLS`)."""
         folds, labels, scores = table.fold.to_numpy(), table.label.to_numpy(), np.asarray(scores).reshape(-1)
-        rates = pd.DataFrame([verification_rates(labels[folds == fold], scores[folds == fold])
-                              for fold in np.unique(folds)])
-        if len(rates) < 2:
-            return {name: float(value) for name, value in rates.iloc[0].items()} if len(rates) else {}
-        found = {}
-        for name in rates:
-            found[name], found[f"{name}/std"] = float(rates[name].mean()), float(rates[name].std(ddof=1))
+        if len(np.unique(folds)) < 2:
+            return {}
         accuracies = []
         for fold in np.unique(folds):
             test = folds == fold
             threshold = best_threshold(scores[~test], labels[~test])
             accuracies.append(np.mean((scores[test] >= threshold) == labels[test]))
         prefix = "ten_fold" if len(accuracies) == 10 else f"{len(accuracies)}_fold"
-        return {**found, f"{prefix}_accuracy_mean": float(np.mean(accuracies)),
+        return {f"{prefix}_accuracy_mean": float(np.mean(accuracies)),
                 f"{prefix}_accuracy_std": float(np.std(accuracies, ddof=1))}
-
-    def protocol_notes(self, table) -> dict:
-        """`<rate>/null_because` for each TAR that a fold of `table` has too few different-person pairs to
-        resolve (`unresolved_rates`, the smallest fold's): its value is null, and this says why."""
-        different = table[table.label == 0].groupby("fold").size().reindex(np.unique(table.fold), fill_value=0)
-        unresolved = unresolved_rates(int(different.min())) if len(different) else {}
-        return {f"{name}/null_because": why for name, why in unresolved.items()}

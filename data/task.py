@@ -85,7 +85,8 @@ class Task:
         return losses.batch_loss(self.SPEC.task, labels, logits, weights, self.label_smoothing, self.positive_weights)
 
     def protocol_metrics(self, table, scores) -> dict:
-        """Evaluation numbers the dataset's official protocol defines, from a whole split's scores."""
+        """Evaluation numbers the dataset's official protocol defines, from a whole split's scores, beyond the
+        metrics its line's ``protocol`` declares (experiments/metrics.py `PROTOCOLS`), which every split gets."""
         return {}
 
     def seen_in_training(self, tables, split) -> dict | None:
@@ -99,11 +100,6 @@ class Task:
             return None
         identities = set().union(*(set(table[column]) for column in evaluated))
         return {"unit": unit, "seen": len(identities & set(train[trained])), "of": len(identities)}
-
-    def protocol_notes(self, table) -> dict:
-        """`<metric>/null_because: why` for each protocol metric that `table` cannot resolve, whose value
-        `protocol_metrics` leaves NaN (null in a record)."""
-        return {}
 
     @classmethod
     def make_sample(cls, root: Path, seed: int) -> None:

@@ -6,10 +6,11 @@ scores both on the examples they share, which must be the same: the same dataset
 refuses in one line, exit 2. An example is matched by what it is in its dataset (its image paths below the folder
 that holds them all, its fold, unit and labels), in any order, so the same examples predicted under another root
 (another machine's mount, another HARNESS_CACHE) compare. Rows without a score in either run (a damaged file) are
-left out of both. For each metric of experiments/metrics.py `scored` it prints A, B, B - A, the difference's
-interval and a two-sided p-value: from a paired bootstrap that resamples the dataset's unit (its patients for
-chest X-rays; an example otherwise) for both runs at once (experiments/intervals.py), or, for a binary task's
-`auc`, from DeLong's test.
+left out of both. For each metric of experiments/metrics.py `scored` (a protocol's too, such as LFW's `eer`,
+when every example was scored by both; none for a metric undefined in both, the header says why) it prints A,
+B, B - A, the difference's interval and a two-sided p-value: from a paired bootstrap that resamples the
+dataset's unit (its patients for chest X-rays; an example otherwise) for both runs at once
+(experiments/intervals.py), or, for a binary task's `auc`, from DeLong's test.
 """
 import argparse
 import os
@@ -113,8 +114,9 @@ def paired_examples(run_a, run_b, split):
         raise Refused(f"{run_a} and {run_b} share no example that both runs scored")
     a, b = a[scored], b[scored]
     units = a[entry.unit].to_numpy() if entry.unit in a else np.arange(len(a))
+    folds = metrics.folds_of(dataset_a, a) if scored.all() else None  # a protocol takes the whole split
     return (dataset_a, entry, class_names, a[labels].to_numpy(), a[class_names].to_numpy(), b[class_names].to_numpy(),
-            units, int((~scored).sum()))
+            units, int((~scored).sum()), folds)
 
 
 def _identities(table, described, labels) -> pd.Index:
@@ -133,15 +135,18 @@ def _identities(table, described, labels) -> pd.Index:
 
 def compare(run_a, run_b, split="test", resamples=1000, seed=42):
     """(what was compared, one row per metric: {metric, a, b, difference, interval, p, test})."""
-    dataset, entry, class_names, labels, scores_a, scores_b, units, left_out = paired_examples(run_a, run_b, split)
+    dataset, entry, class_names, labels, scores_a, scores_b, units, left_out, folds = paired_examples(run_a, run_b,
+                                                                                                    split)
     task = entry.task
     if task != "multilabel":
         labels = labels.reshape(-1)
-    value_a = metrics.scored(task, class_names, labels, scores_a)
-    value_b = metrics.scored(task, class_names, labels, scores_b)
-    bootstrapped = intervals.paired(task, class_names, labels, scores_a, scores_b, units, resamples, seed)
+    value_a = metrics.scored(task, class_names, labels, scores_a, folds)
+    value_b = metrics.scored(task, class_names, labels, scores_b, folds)
+    bootstrapped = intervals.paired(task, class_names, labels, scores_a, scores_b, units, resamples, seed, folds)
+    undefined = [name for name in value_a if np.isnan(value_a[name]) and np.isnan(value_b[name])]
+    notes = folds.notes(labels) if folds is not None else {}
     rows = []
-    for name in value_a:
+    for name in (name for name in value_a if name not in undefined):
         interval, p = bootstrapped[name]
         test = f"paired bootstrap, {resamples} resamples"
         if task == "binary" and name == "auc":
@@ -155,6 +160,10 @@ def compare(run_a, run_b, split="test", resamples=1000, seed=42):
     header = (f"dataset={dataset} split={split}: {len(units)} examples{units_text} scored by both runs"
               f"{f', {left_out} without a score left out' if left_out else ''}; A={run_a}, B={run_b}; the paired "
               f"bootstrap resamples {unit}s (seed {seed})")
+    if undefined:
+        header += "; no row for " + "; ".join(
+            f"{name} ({notes.get(f'{name}/null_because', 'undefined on these examples in both runs')})"
+            for name in undefined)
     return header, rows
 
 

@@ -19,7 +19,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
 from tf_harness.data.integrity.writing import replacing
 from tf_harness.data.tables import path_columns
-from tf_harness.data.task import Task
 from tf_harness.experiments import heatmaps, intervals, metrics, metrics_history
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.summaries import evaluated_record, write_metrics
@@ -124,13 +123,14 @@ class Evaluator:
         logits, count = logits[counted], int(counted.sum())
         labels = np.asarray(scored.label.tolist()[:len(counted)])[counted]
         scores = metrics.probabilities(self.spec.task, logits)
+        folds = self._folds(table, count)
         values = {"loss": total_loss / max(count, 1),
-                  **metrics.scored(self.spec.task, self.spec.class_names, labels, scores)}
-        protocol, notes = self._protocol(table, scores, count)
-        values.update(protocol)
+                  **metrics.scored(self.spec.task, self.spec.class_names, labels, scores, folds),
+                  **self._protocol(table, labels, scores, folds)}
         # Only the process that writes the record resamples: the intervals go nowhere else.
-        bounds, how = self._intervals(labels, scores, scored.iloc[:len(counted)][counted]) if self.write else ({}, {})
-        bounds = {**bounds, **notes}
+        bounds, how = self._intervals(labels, scores, scored.iloc[:len(counted)][counted], folds) if self.write \
+            else ({}, {})
+        bounds = {**bounds, **(folds.notes(labels) if folds else {})}
         self.note_unreadable()  # skipped.csv lists the rows this evaluation could not count
         with interrupts.deferred():  # the summary and metrics.json both, or neither: resume redoes it then
             self.summaries.scalars("validation", values, step)
@@ -168,12 +168,13 @@ class Evaluator:
         scores = metrics.probabilities(self.spec.task, logits)
         count, scored = int(counted.sum()), table[counted]
         labels = np.asarray(scored.label.tolist())
+        folds = self._folds(table, count)
         values = {"loss": total_loss / max(count, 1),
-                  **metrics.scored(self.spec.task, self.spec.class_names, labels, scores[counted])}
-        protocol, notes = self._protocol(table, scores, count)
-        values.update(protocol)
+                  **metrics.scored(self.spec.task, self.spec.class_names, labels, scores[counted], folds),
+                  **self._protocol(table, labels, scores, folds)}
+        notes = folds.notes(labels) if folds else {}
         began = time.monotonic()
-        bounds, how = self._intervals(labels, scores[counted], scored)
+        bounds, how = self._intervals(labels, scores[counted], scored, folds)
         values.update(bounds)
         self.note_unreadable()
         seen = self.task.seen_in_training(self.tables, split)  # a test number to report has seen none of them
@@ -195,13 +196,17 @@ class Evaluator:
                  self.model_dir / BESIDE[split])
         return values
 
-    def _protocol(self, table, scores, count) -> tuple:
-        """(the dataset's protocol metrics, `<metric>/null_because` for those it cannot resolve) of `table`'s
-        `scores`; none unless all `count` examples were scored: a protocol (LFW's folds) is defined on the whole
-        split only."""
-        if count != len(table):
-            return {}, {}
-        return self.task.protocol_metrics(table, scores), self.task.protocol_notes(table)
+    def _folds(self, table, count):
+        """The split's folds and its dataset's protocol metrics (experiments/metrics.py `Folds`), or None: unless
+        all `count` examples of `table` were scored, as a protocol (LFW's folds) is defined on the whole split."""
+        return metrics.folds_of(self.spec.name, table) if count == len(table) else None
+
+    def _protocol(self, table, labels, scores, folds) -> dict:
+        """What the dataset's protocol reports beside its metrics' means over `folds`: their spread over the
+        folds, and the Task's own protocol numbers (LFW's ten-fold accuracy); none without `folds`."""
+        if folds is None:
+            return {}
+        return {**folds.spread(labels, scores), **self.task.protocol_metrics(table, scores)}
 
     def _write_beside(self, record, split):
         """Writes `record` to `BESIDE[split]` (the last such evaluation) after appending it to that file's history,
@@ -210,13 +215,13 @@ class Evaluator:
         metrics_history.append(self.model_dir, record, name=history)
         write_metrics(self.model_dir, record, BESIDE[split])
 
-    def _intervals(self, labels, scores, scored):
+    def _intervals(self, labels, scores, scored, folds):
         """Each metric's `<metric>/ci95` over the `scored` rows (their `labels` and `scores`), and the record's
         `bootstrap` entry saying how they were drawn: resamples, `unit` (the table column, or `example`), what
         that is in words (`over`: patients, pairs, images) and the seed."""
         units = scored[self.unit].to_numpy() if self.unit else np.arange(len(scored))
         bounds = intervals.intervals(self.spec.task, self.spec.class_names, labels, scores, units, self.bootstrap,
-                                     self.seed)
+                                     self.seed, folds)
         over = f"{self.unit.removesuffix('_id')}s" if self.unit else "pairs" if self.spec.paired else "images"
         return bounds, {"resamples": self.bootstrap, "unit": self.unit or "example", "over": over, "seed": self.seed}
 
@@ -227,7 +232,7 @@ class Evaluator:
             return f"trainer.eval_steps={steps} asks for {steps} x {EXAMPLES_PER_STEP}: the whole split"
         note = (f"trainer.eval_steps={steps}: {steps} x {EXAMPLES_PER_STEP}, a sample stratified by class, drawn with "
                 f"seed={self.seed}, the same at every evaluation and pipeline.batch_size")
-        if type(self.task).protocol_metrics is not Task.protocol_metrics:  # the dataset has a protocol of its own
+        if metrics.protocol_names(self.spec.name):
             note += f"; the protocol metrics of {self.spec.name} are defined on the whole split and left out"
         return note
 

@@ -29,8 +29,8 @@ def resampled_weights(units, resamples, seed):
         yield drawn[:, codes]
 
 
-def _all_replicates(task, class_names, labels, scores, units, resamples, seed) -> dict:
-    functions = metrics.functions(task, class_names, labels, scores)
+def _all_replicates(task, class_names, labels, scores, units, resamples, seed, folds) -> dict:
+    functions = metrics.functions(task, class_names, labels, scores, folds)
     parts = [metrics.values_under(task, functions, weights) for weights in resampled_weights(units, resamples, seed)]
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
@@ -46,21 +46,21 @@ def percentile_interval(values):
     return [float(low), float(high)]
 
 
-def intervals(task, class_names, labels, scores, units, resamples, seed) -> dict:
-    """`<metric>/ci95: [low, high]` for each of `scored`'s metrics, from `resamples` resamples of the `units`
-    seeded with `seed`; {} with no resamples or no examples."""
+def intervals(task, class_names, labels, scores, units, resamples, seed, folds=None) -> dict:
+    """`<metric>/ci95: [low, high]` for each of `scored`'s metrics (the protocol's too, with a whole split's
+    `folds`), from `resamples` resamples of the `units` seeded with `seed`; {} with no resamples or no examples."""
     if not resamples or not len(units):
         return {}
-    drawn = _all_replicates(task, class_names, labels, scores, units, resamples, seed)
+    drawn = _all_replicates(task, class_names, labels, scores, units, resamples, seed, folds)
     return {f"{name}/ci95": percentile_interval(values) for name, values in drawn.items()}
 
 
-def paired(task, class_names, labels, scores_a, scores_b, units, resamples, seed) -> dict:
+def paired(task, class_names, labels, scores_a, scores_b, units, resamples, seed, folds=None) -> dict:
     """Run B against run A on the same examples: {metric: (difference B - A's interval, p-value)}, each from
     the same resamples of both, the p-value two-sided: twice the smaller share of resampled differences on
     either side of 0 (counting the observed one), at most 1."""
-    a = _all_replicates(task, class_names, labels, scores_a, units, resamples, seed)
-    b = _all_replicates(task, class_names, labels, scores_b, units, resamples, seed)
+    a = _all_replicates(task, class_names, labels, scores_a, units, resamples, seed, folds)
+    b = _all_replicates(task, class_names, labels, scores_b, units, resamples, seed, folds)
     found = {}
     for name in a:
         difference = b[name] - a[name]

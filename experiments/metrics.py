@@ -8,13 +8,18 @@ kind of task writes at every evaluation, its headline first; everything else der
 record, the `/ci95` intervals, compare's rows, trainer.best_metric's allowed values and best_mode's default, the
 HParams columns and a sweep's summary line.
 
-A dataset's protocol metrics (LFW's `eer`, `tar_at_far_*`: data/lfw_pairs.py) are computed by its Task over
-whole folds; `PROTOCOL` declares their direction.
+A dataset's protocol (its line's `protocol` in data/__init__.py) adds the metrics `PROTOCOLS` declares for it
+(LFW's `eer` and `tar_at_far_*`): each is measured on every fold of a whole split (`Folds`) and averaged over
+them, with `<metric>/std` over the folds beside the average; the same functions give their intervals and
+compare's rows.
 """
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
+from tf_harness.data import TASKS
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class Metric:
     measure: Callable
     lower_is_better: bool = False
     per_class: bool = False
+    far: float = None  # a TAR's false accept rate: null where a fold has fewer than 1 / far impostor pairs
 
 
 def auc_function(labels, scores):
@@ -76,14 +82,140 @@ def _top5(labels, scores):
     return _mean_of((top == np.asarray(labels).reshape(-1)[:, None]).any(axis=1))
 
 
+def _verification_curve(labels, scores):
+    """A function from example weights ([b, n]) to the ROC curve under each row, as roc_curve(drop_intermediate=
+    False) draws it: (false accept rates, true accept rates) [b, thresholds + 1] from (0, 0), one point per
+    distinct score, and the weighted different- and same-person pairs [b]; the scores are sorted once, here."""
+    same = np.asarray(labels).reshape(-1).astype(bool)
+    scores = np.asarray(scores, np.float64).reshape(-1)
+    order = np.argsort(-scores, kind="stable")
+    ends = np.flatnonzero(np.r_[scores[order][1:] != scores[order][:-1], True])  # each distinct score's last
+    same = same[order]
+
+    def curve(weights):
+        weights = np.asarray(weights, np.float64)[:, order]
+        accepted_same = np.cumsum(weights * same, axis=1)[:, ends]
+        accepted_different = np.cumsum(weights * ~same, axis=1)[:, ends]
+        same_total, different_total = accepted_same[:, -1], accepted_different[:, -1]
+        start = np.zeros((len(weights), 1))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (np.hstack([start, accepted_different / different_total[:, None]]),
+                    np.hstack([start, accepted_same / same_total[:, None]]), different_total, same_total)
+
+    return curve
+
+
+def eer_function(labels, scores):
+    """A function from example weights ([b, n]) to the equal error rate under each row: the false accept rate
+    where it equals the false reject rate on the ROC curve interpolated linearly (NaN where a row weighs no
+    same- or no different-person pair)."""
+    curve = _verification_curve(labels, scores)
+
+    def eer(weights):
+        false_accept, true_accept, different, same = curve(weights)
+        gap = 1 - false_accept - true_accept  # the false reject rate less the false accept rate: 1 at (0, 0)
+        k = np.argmax(gap <= 0, axis=1)  # the first point at or past the crossing
+        rows = np.arange(len(k))
+        before, after = false_accept[rows, k - 1], false_accept[rows, k]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            crossing = before + gap[rows, k - 1] * (after - before) / (gap[rows, k - 1] - gap[rows, k])
+        return np.where((different > 0) & (same > 0), np.where(after > before, crossing, after), np.nan)
+
+    return eer
+
+
+def tar_function(far):
+    """The measure of the true accept rate at a false accept rate of at most `far`: the highest on the ROC curve
+    (NaN where a row weighs no same- or no different-person pair, and where the fold holds fewer than 1 / `far`
+    different-person pairs, whose only false accept rate at most `far` is 0)."""
+    def measure(labels, scores):
+        curve = _verification_curve(labels, scores)
+        resolved = int((np.asarray(labels).reshape(-1) == 0).sum()) * far >= 1
+
+        def tar(weights):
+            false_accept, true_accept, different, same = curve(weights)
+            best = np.where(false_accept <= far, true_accept, -np.inf).max(axis=1)
+            return np.where((different > 0) & (same > 0) & resolved, best, np.nan)
+
+        return tar
+
+    return measure
+
+
 # What each kind of task writes at every evaluation, its headline metric first.
 TASK_METRICS = {
     "multilabel": (Metric("auc/mean", auc_function, per_class=True),),
     "binary": (Metric("accuracy", _binary_accuracy), Metric("auc", auc_function)),
     "multiclass": (Metric("accuracy", _top1), Metric("top5_accuracy", _top5)),
 }
-# The protocol metrics a dataset's Task computes over whole folds (data/lfw_pairs.py), by name.
-PROTOCOL = {"eer": Metric("eer", None, lower_is_better=True)}
+# The protocol metrics of each protocol a dataset's line names (data/__init__.py), measured on each fold.
+PROTOCOLS = {"verification": (Metric("eer", eer_function, lower_is_better=True),
+                              Metric("tar_at_far_1e-2", tar_function(1e-2), far=1e-2),
+                              Metric("tar_at_far_1e-3", tar_function(1e-3), far=1e-3))}
+
+
+@dataclass(frozen=True)
+class Folds:
+    """A whole split's folds (`of[i]`: example i's) and the protocol metrics measured on each of them."""
+
+    metrics: tuple
+    of: np.ndarray
+
+    def notes(self, labels) -> dict:
+        """`<metric>/null_because` for each TAR that the split's smallest fold, of `labels`, cannot resolve."""
+        labels = np.asarray(labels).reshape(-1)
+        different = min(int((labels[self.of == fold] == 0).sum()) for fold in np.unique(self.of))
+        return {f"{metric.name}/null_because": (
+                    f"a fold of {different} different-person pairs resolves false accept rates down to "
+                    f"1/{different} = {1 / max(different, 1):.2g}, above {metric.far:g}")
+                for metric in self.metrics if metric.far is not None and different * metric.far < 1}
+
+    def spread(self, labels, scores) -> dict:
+        """`<metric>/std` of each protocol metric over the folds (ddof=1, the undefined folds left out), with two
+        folds or more."""
+        folds = np.unique(self.of)
+        if len(folds) < 2:
+            return {}
+        labels, scores = np.asarray(labels).reshape(-1), np.asarray(scores, np.float64).reshape(-1)
+        found = {}
+        for metric in self.metrics:
+            values = np.array([metric.measure(labels[self.of == fold], scores[self.of == fold])(
+                np.ones((1, int((self.of == fold).sum()))))[0] for fold in folds])
+            values = values[~np.isnan(values)]
+            found[f"{metric.name}/std"] = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+        return found
+
+
+def _protocol(dataset) -> tuple:
+    """The protocol metrics of `dataset`'s line (data/__init__.py `protocol`); none for a dataset without one."""
+    entry = TASKS.entries.get(dataset)
+    return PROTOCOLS.get(entry.protocol, ()) if entry is not None else ()
+
+
+def folds_of(dataset, table):
+    """The `Folds` of `table` (a whole split of `dataset`, its `fold` column) when the dataset's line names a
+    protocol; None otherwise."""
+    protocol = _protocol(dataset)
+    return Folds(protocol, table["fold"].to_numpy()) if protocol and "fold" in table else None
+
+
+def protocol_names(dataset) -> tuple:
+    """The names of the protocol metrics an evaluation of `dataset`'s whole split writes."""
+    return tuple(metric.name for metric in _protocol(dataset))
+
+
+def _fold_mean(measure, labels, scores, of):
+    """A function from example weights ([b, n]) to the mean over the folds (`of`) of `measure` on each fold, the
+    folds where it is undefined left out."""
+    parts = [(np.flatnonzero(of == fold), measure(labels[of == fold], scores[of == fold])) for fold in np.unique(of)]
+
+    def mean(weights):
+        values = np.stack([function(weights[:, rows]) for rows, function in parts])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a row undefined on every fold is NaN
+            return np.nanmean(values, axis=0)
+
+    return mean
 
 
 def names(task) -> tuple:
@@ -98,7 +230,7 @@ def headline(task) -> str:
 
 def lower_is_better(name) -> bool:
     """Whether a lower value of the metric `name` is the better one (loss, eer); a higher one for every other."""
-    declared = {metric.name: metric for metrics in TASK_METRICS.values() for metric in metrics} | PROTOCOL
+    declared = {metric.name: metric for metrics in (*TASK_METRICS.values(), *PROTOCOLS.values()) for metric in metrics}
     return name == "loss" or (name in declared and declared[name].lower_is_better)
 
 
@@ -108,9 +240,10 @@ def probabilities(task, logits):
     return softmax(logits, axis=-1) if task == "multiclass" else expit(logits)
 
 
-def functions(task, class_names, labels, scores) -> dict:
-    """Each declared metric of `task` as a function of example weights, {name: f([b, n]) -> [b]}; a per-class
-    metric's mean is left to `values_under`, from its classes'."""
+def functions(task, class_names, labels, scores, folds=None) -> dict:
+    """Each declared metric of `task` as a function of example weights, {name: f([b, n]) -> [b]}, and with
+    `folds` (a whole split's `Folds`) each protocol metric's mean over them; a per-class metric's mean is left to
+    `values_under`, from its classes'."""
     scores = np.asarray(scores, np.float64)
     found = {}
     for metric in TASK_METRICS[task]:
@@ -121,6 +254,10 @@ def functions(task, class_names, labels, scores) -> dict:
                           for k, name in enumerate(class_names)})
         else:
             found[metric.name] = metric.measure(labels, scores)
+    if folds is not None:
+        flat_labels, flat_scores = np.asarray(labels).reshape(-1), scores.reshape(-1)
+        found.update({metric.name: _fold_mean(metric.measure, flat_labels, flat_scores, folds.of)
+                      for metric in folds.metrics})
     return found
 
 
@@ -143,10 +280,10 @@ def evaluate(task, class_names, labels, logits) -> dict:
     return scored(task, class_names, labels, probabilities(task, logits))
 
 
-def scored(task, class_names, labels, scores) -> dict:
+def scored(task, class_names, labels, scores, folds=None) -> dict:
     """`evaluate`'s metrics from probabilities (`scores`, as predictions.csv holds them): each declared metric
-    under weights of one."""
+    under weights of one, the protocol's with `folds` (`functions`)."""
     scores = np.asarray(scores, np.float64)
     ones = np.ones((1, len(scores)))
     return {name: float(value[0]) for name, value in
-            values_under(task, functions(task, class_names, labels, scores), ones).items()}
+            values_under(task, functions(task, class_names, labels, scores, folds), ones).items()}

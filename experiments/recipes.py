@@ -67,11 +67,12 @@ class Progress(tf.Module):
 
 
 def metric_names(spec) -> tuple:
-    """The validation metrics every evaluation of `spec`'s dataset writes: loss and experiments/metrics.py's."""
+    """The validation metrics every evaluation of `spec`'s dataset writes: loss and experiments/metrics.py's, its
+    protocol's included (the config check keeps trainer.eval_steps null for those)."""
     classes = len(spec.class_names)
     labels = [[0] * classes, [1] * classes] if spec.task == "multilabel" else [0, 1]
     written = metrics.evaluate(spec.task, spec.class_names, labels, [[0.0] * classes, [1.0] * classes])
-    return ("loss", *written)
+    return ("loss", *written, *metrics.protocol_names(spec.name))
 
 
 def best_metric(trainer_settings, spec) -> str:

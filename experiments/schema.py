@@ -273,11 +273,16 @@ def _recipes(cfg) -> str | None:
     if field:
         return field
     if metric is not None and kind in metrics.TASK_METRICS:
-        written = ("loss", *metrics.names(kind))
+        protocol = metrics.protocol_names(cfg.dataset.name)
+        written = ("loss", *metrics.names(kind), *protocol)
         if metric not in written and not (kind == "multilabel" and metric.startswith("auc/")):
             per_class = "|auc/<class>" if kind == "multilabel" else ""
             return (f"trainer.best_metric={metric} is not a metric dataset={cfg.dataset.name} writes at every "
                     f"evaluation; it writes {'|'.join(written)}{per_class}")
+        if metric in protocol and cfg.trainer.eval_steps is not None:
+            return (f"trainer.best_metric={metric} is a protocol metric of dataset={cfg.dataset.name}, measured on "
+                    f"the whole validation split only, and trainer.eval_steps={cfg.trainer.eval_steps} evaluates a "
+                    f"sample; leave trainer.eval_steps null")
     mode, follows = cfg.trainer.best_mode, best_mode(metric)  # a null metric is the headline, higher is better
     if mode is not None and mode != follows:
         shown = f"trainer.best_metric={metric}" if metric is not None else "the headline metric (trainer.best_metric=null)"

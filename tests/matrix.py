@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 
 from tf_harness.data import TASKS
+from tf_harness.experiments import metrics
 from tf_harness.experiments.config_keys import DECLARED, MIN_RESAMPLES, MODES, RECIPES
 from tf_harness.models import BUILDERS
 
@@ -109,7 +110,13 @@ class Cell:
 
     def overrides(self) -> list:
         return [f"dataset={self.dataset}", f"model={self.model}", *COMMON, *TINY[BUILDERS.entries[self.model].path],
-                f"pipeline.dtype={self.dtype}", *(override(key, RECIPES[key].on) for key in self.recipes)]
+                f"pipeline.dtype={self.dtype}", *(override(key, RECIPES[key].on) for key in self.recipes),
+                *self.protocol_best()]
+
+    def protocol_best(self) -> list:
+        """A dataset's first protocol metric as trainer.best_metric, measured on the whole validation split."""
+        return [f"trainer.best_metric={name}" for name in metrics.protocol_names(self.dataset)[:1]] + \
+            ["trainer.eval_steps=null"] * bool(metrics.protocol_names(self.dataset))
 
 
 def cells() -> list:

@@ -15,6 +15,7 @@ from tests.refusals import raises_naming
 from tf_harness.data import TASKS
 from tf_harness.experiments import api
 from tf_harness.experiments import compare as compare_module
+from tf_harness.experiments import metrics
 from tf_harness.experiments.config_keys import MODES, RECIPES
 from tf_harness.experiments.evaluation import predicted_split
 from tf_harness.models import BUILDERS
@@ -65,7 +66,11 @@ def _check_trained(cell, run_dir, step):
     assert list((run_dir / "train").glob("events.out.tfevents.*"))
     assert list((run_dir / "validation").glob("events.out.tfevents.*"))
     if "trainer.keep_best" in cell.recipes:
-        assert (run_dir / "best.json").is_file()
+        best = json.loads((run_dir / "best.json").read_text())
+        for metric in metrics.protocol_names(cell.dataset)[:1]:  # the cell's trainer.best_metric (tests/matrix.py)
+            values = {record["global_step"]: record[metric] for record in map(json.loads, lines)}
+            chosen = min if metrics.lower_is_better(metric) else max
+            assert best["metric"] == metric and values[best["global_step"]] == chosen(values.values()), (best, values)
     if "trainer.class_weights" in cell.recipes:
         assert (run_dir / "class_weights.json").is_file()
 

@@ -337,6 +337,19 @@ def test_the_best_evaluation_is_kept_with_its_record_and_the_others_go(tmp_path)
     assert not made.stopped  # no patience: never stops
 
 
+def test_the_best_eer_is_the_lowest_and_its_checkpoint_is_kept(tmp_path):
+    """LFW's protocol metrics are declared with their direction: trainer.best_metric=eer keeps the lowest."""
+    from tf_harness.experiments.summaries import write_metrics
+    made = recipes_of(tmp_path, "trainer.keep_best=true", "trainer.best_metric=eer")
+    assert made.mode == "min"
+    for step, eer in ((2, 0.4), (4, 0.25), (6, 0.3), (8, 0.25)):
+        made.trainer.global_step.assign(step)
+        write_metrics(tmp_path, {"eer": eer, "accuracy": 1 - eer, "global_step": step})
+        made.evaluated({"eer": eer, "accuracy": 1 - eer, "loss": 1.0}, step)
+    record = json.loads((tmp_path / "best.json").read_text())
+    assert record == {"metric": "eer", "mode": "min", "value": 0.25, "global_step": 4, "checkpoint": "best/ckpt-4"}
+
+
 @pytest.mark.parametrize("mode, min_delta, values, stop, best", [
     ("max", 0.0, (0.5, 0.7, 0.6, 0.7, 0.9), 8, (4, 0.7)),  # two in a row without beating 0.7
     ("max", 0.1, (0.5, 0.55, 0.58, 0.9, 0.9), 6, (2, 0.5)),  # 0.55 and 0.58 are within min_delta of 0.5
@@ -470,7 +483,12 @@ def test_a_run_keeps_its_best_stops_early_stays_stopped_and_evaluates_its_best(t
      "trainer.best_mode=min contradicts the headline metric (trainer.best_metric=null), of which a higher value"),
     (("dataset=lfw_pairs", "trainer.best_metric=auc/mean"),
      "trainer.best_metric=auc/mean is not a metric dataset=lfw_pairs writes at every evaluation; it writes "
-     "loss|accuracy|auc"),
+     "loss|accuracy|auc|eer|tar_at_far_1e-2|tar_at_far_1e-3"),
+    (("dataset=lfw_pairs", "trainer.best_metric=eer", "trainer.eval_steps=2"),
+     "trainer.best_metric=eer is a protocol metric of dataset=lfw_pairs, measured on the whole validation split "
+     "only, and trainer.eval_steps=2 evaluates a sample; leave trainer.eval_steps null"),
+    (("dataset=chest_xray", "trainer.best_metric=eer"),
+     "trainer.best_metric=eer is not a metric dataset=chest_xray writes at every evaluation"),
     (("dataset=imagenet_det", "trainer.best_metric=auc"),
      "trainer.best_metric=auc is not a metric dataset=imagenet_det writes at every evaluation; it writes "
      "loss|accuracy|top5_accuracy"),
@@ -495,6 +513,8 @@ def test_good_recipe_values_pass():
                        "trainer.ema_decay=0", "trainer.accumulate_steps=4", "trainer.clip_global_norm=1"),
                       ("dataset=lfw_pairs", "trainer.best_metric=loss", "trainer.best_mode=min",
                        "trainer.objective=best"),
+                      ("dataset=lfw_pairs", "trainer.best_metric=eer", "trainer.keep_best=true",
+                       "trainer.best_mode=min"),
                       ("mode=predict", "checkpoint=best"), ("mode=evaluate", "checkpoint=40")]:
         assert schema.problems(compose(*overrides), {}) == [], overrides
 
@@ -514,7 +534,8 @@ def test_the_schemas_metrics_are_those_an_evaluation_writes():
         written = recipes.metric_names(spec)
         assert TASKS.entries[name].task == spec.task
         assert set(written) - {f"auc/{c}" for c in spec.class_names if spec.task == "multilabel"} == \
-            {"loss", *metrics.names(spec.task)}, name
+            {"loss", *metrics.names(spec.task), *metrics.protocol_names(name)}, name
+    assert metrics.protocol_names("lfw_pairs") == ("eer", "tar_at_far_1e-2", "tar_at_far_1e-3")
 
 
 def test_python_run_py_refuses_a_bad_recipe_value_in_one_line_before_tensorflow_starts(tmp_path):

@@ -12,11 +12,12 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.optimize import brentq
 from sklearn.metrics import accuracy_score, roc_auc_score, roc_curve, top_k_accuracy_score
 
 from tests.conftest import compose, run_cli, task_of
 from tests.refusals import assert_config_error, assert_names
-from tf_harness.experiments import compare, intervals, schema
+from tf_harness.experiments import compare, intervals, metrics, schema
 
 
 def _sklearn_metrics(task, labels, scores):
@@ -118,12 +119,22 @@ def test_delongs_difference_is_sklearns_and_its_p_value_agrees_with_the_bootstra
 
 # LFW's verification rates -------------------------------------------------------------------------------------
 
+def _verification_reference(labels, scores) -> dict:
+    """A fold's EER by root-finding on roc_curve interpolated linearly, and its TARs from roc_curve's points."""
+    false_accept, true_accept, _ = roc_curve(labels, scores, drop_intermediate=False)
+    gap = lambda rate: 1 - rate - np.interp(rate, false_accept, true_accept)  # noqa: E731
+    eer = 0.0 if gap(0.0) <= 0 else brentq(gap, 0.0, 1.0, xtol=1e-13)
+    return {"eer": eer, **{name: true_accept[false_accept <= far].max() if (labels == 0).sum() * far >= 1 else np.nan
+                           for name, far in (("tar_at_far_1e-2", 1e-2), ("tar_at_far_1e-3", 1e-3))}}
+
+
 def test_lfw_verification_rates_per_fold_follow_their_definitions():
     rng = np.random.default_rng(5)
     labels = np.tile(np.repeat([1, 0], 150), 10)
     table = pd.DataFrame({"label": labels, "fold": np.repeat(np.arange(10), 300)})
     scores = rng.normal(labels * 2.0, 1.0)
-    found = task_of(compose("dataset=lfw_pairs")).protocol_metrics(table, scores)
+    folds = metrics.folds_of("lfw_pairs", table)
+    found = {**metrics.scored("binary", ["same"], labels, scores, folds), **folds.spread(labels, scores)}
     rates = {"eer": [], "tar_at_far_1e-2": [], "tar_at_far_1e-3": []}
     for fold in range(10):
         y, s = labels[table.fold == fold], scores[table.fold == fold]
@@ -143,6 +154,47 @@ def test_lfw_verification_rates_per_fold_follow_their_definitions():
         assert found[f"{name}/std"] == pytest.approx(np.std(values, ddof=1), abs=tolerance), name
 
 
+def test_the_eer_and_tar_of_any_weights_are_those_of_the_rows_repeated():
+    """The declared EER and TARs under example weights (a resample's counts) are roc_curve's of the examples
+    repeated that many times: the interval brackets the number the evaluation reports."""
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        n = int(rng.integers(4, 120))
+        labels = rng.integers(0, 2, n)
+        scores = np.round(rng.normal(labels * rng.uniform(0, 3), 1.0), int(rng.integers(0, 3)))  # ties too
+        counts = rng.integers(0, 3, n)
+        for weights, rows in ((np.ones(n, int), np.arange(n)), (counts, np.repeat(np.arange(n), counts))):
+            if labels[rows].min() == labels[rows].max():
+                continue
+            expected = _verification_reference(labels[rows], scores[rows])
+            for metric in metrics.PROTOCOLS["verification"]:
+                got = metric.measure(labels, scores)(weights[None, :])[0]
+                if metric.far is not None and (labels == 0).sum() * metric.far < 1:
+                    assert math.isnan(got)
+                    continue
+                assert got == pytest.approx(expected[metric.name], abs=1e-10), metric.name
+
+
+def test_lfw_test_intervals_of_the_eer_are_percentiles_of_its_resamples():
+    rng = np.random.default_rng(13)
+    labels = np.tile(np.repeat([1, 0], 120), 10)
+    table = pd.DataFrame({"label": labels, "fold": np.repeat(np.arange(10), 240)})
+    scores = 1 / (1 + np.exp(-rng.normal(labels * 1.5, 1.0)))
+    folds = metrics.folds_of("lfw_pairs", table)
+    bounds = intervals.intervals("binary", ["same"], labels, scores, np.arange(len(labels)), 100, 3, folds)
+    assert {"eer/ci95", "tar_at_far_1e-2/ci95", "tar_at_far_1e-3/ci95"} <= set(bounds)
+    assert bounds["tar_at_far_1e-3/ci95"] is None  # null where the value is: 120 impostor pairs a fold
+    resampled = []
+    for rows in _resamples(np.arange(len(labels)), 100, 3):
+        per_fold = [_verification_reference(labels[rows][table.fold.to_numpy()[rows] == fold],
+                                            scores[rows][table.fold.to_numpy()[rows] == fold])["eer"]
+                    for fold in range(10)]
+        resampled.append(np.mean(per_fold))
+    assert bounds["eer/ci95"] == pytest.approx(list(np.percentile(resampled, [2.5, 97.5])), abs=1e-9)
+    value = metrics.scored("binary", ["same"], labels, scores, folds)["eer"]
+    assert bounds["eer/ci95"][0] < value < bounds["eer/ci95"][1]
+
+
 @pytest.mark.parametrize("different, unresolved", [(150, ["tar_at_far_1e-3"]), (30, ["tar_at_far_1e-2",
                                                    "tar_at_far_1e-3"]), (1000, [])])
 def test_a_tar_at_a_far_the_folds_cannot_resolve_is_null_with_its_reason(different, unresolved):
@@ -151,9 +203,9 @@ def test_a_tar_at_a_far_the_folds_cannot_resolve_is_null_with_its_reason(differe
     rng = np.random.default_rng(11)
     labels = np.tile(np.repeat([1, 0], different), 3)
     table = pd.DataFrame({"label": labels, "fold": np.repeat(np.arange(3), 2 * different)})
-    task = task_of(compose("dataset=lfw_pairs"))
-    found = task.protocol_metrics(table, rng.normal(labels * 2.0, 1.0))
-    notes = task.protocol_notes(table)
+    folds = metrics.folds_of("lfw_pairs", table)
+    found = metrics.scored("binary", ["same"], labels, rng.normal(labels * 2.0, 1.0), folds)
+    notes = folds.notes(labels)
     assert sorted(name for name in ("tar_at_far_1e-2", "tar_at_far_1e-3") if math.isnan(found[name])) == unresolved
     assert sorted(notes) == [f"{name}/null_because" for name in unresolved]
     for name in unresolved:
@@ -373,6 +425,35 @@ def test_compare_scores_two_runs_as_sklearn_does_resampling_patients(tmp_path, c
     assert rows["auc/mean"]["interval"] == pytest.approx(list(np.percentile(differences, [2.5, 97.5])), abs=1e-9)
     assert rows["auc/mean"]["test"].startswith("paired bootstrap")
     assert f"{rows['auc/mean']['p']:7.4f}" in printed
+
+
+def test_compare_of_two_lfw_runs_reports_the_protocols_rates_with_intervals(tmp_path, capsys):
+    """compare reported accuracy and AUC only on LFW, not the EER and TARs its test evaluation headlines."""
+    rng = np.random.default_rng(14)
+    labels = np.tile(np.repeat([1, 0], 120), 10)
+    table = pd.DataFrame({"path_a": [f"/data/lfw/A/A_{k:04d}.jpg" for k in range(2400)],
+                          "path_b": [f"/data/lfw/B/B_{k:04d}.jpg" for k in range(2400)],
+                          "fold": np.repeat(np.arange(10), 240), "label": labels})
+    a, b = table.copy(), table.copy()
+    a["same"] = 1 / (1 + np.exp(-rng.normal(labels * 1.0, 1.0)))
+    b["same"] = 1 / (1 + np.exp(-rng.normal(labels * 2.0, 1.0)))
+    for frame in (a, b):
+        frame["global_step"], frame["split"] = 9, "test"
+    run_a, run_b = _run(tmp_path / "a", "lfw_pairs", a), _run(tmp_path / "b", "lfw_pairs", b)
+    assert compare.main([str(run_a), str(run_b), "--resamples", "100"]) == 0
+    printed = capsys.readouterr().out
+    _, rows = compare.compare(run_a, run_b, "test", 100, 42)
+    rows = {row["metric"]: row for row in rows}
+    assert set(rows) == {"accuracy", "auc", "eer", "tar_at_far_1e-2"}
+    per_fold = lambda scores: np.mean([_verification_reference(labels[table.fold == k], scores[table.fold == k])["eer"]
+                                       for k in range(10)])  # noqa: E731
+    assert rows["eer"]["a"] == pytest.approx(per_fold(a.same.to_numpy()), abs=1e-9)
+    assert rows["eer"]["difference"] == pytest.approx(per_fold(b.same.to_numpy()) - per_fold(a.same.to_numpy()),
+                                                      abs=1e-9)
+    low, high = rows["eer"]["interval"]
+    assert low < rows["eer"]["difference"] < high < 0 and rows["eer"]["p"] < 0.05  # B's EER is lower
+    assert "eer" in printed and "tar_at_far_1e-2" in printed
+    assert_names(printed.splitlines()[0], "no row for tar_at_far_1e-3 (a fold of 120 different-person pairs")
 
 
 def test_compare_refuses_runs_of_other_examples_in_one_line(tmp_path, capsys):

@@ -57,8 +57,8 @@ def test_a_combination_a_dataset_refuses_is_one_config_error_naming_its_key(data
 
 
 def _check_trained(cell, run_dir, step):
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["global_step"] <= step and matrix.finite_numbers(metrics) > 2
+    record = json.loads((run_dir / "metrics.json").read_text())
+    assert record["global_step"] <= step and matrix.finite_numbers(record) > 2
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert lines and all(matrix.finite_numbers(json.loads(line)) for line in lines)
     assert (run_dir / "skipped.csv").read_text().startswith("path,reason")

@@ -124,13 +124,19 @@ def eer_function(labels, scores):
     return eer
 
 
+def _resolves(different, far) -> bool:
+    """Whether a fold of `different` different-person pairs resolves a false accept rate of `far`: below
+    1 / `different` the only false accept rate it can measure at or under `far` is 0."""
+    return different * far >= 1
+
+
 def tar_function(far):
     """The measure of the true accept rate at a false accept rate of at most `far`: the highest on the ROC curve
     (NaN where a row weighs no same- or no different-person pair, and where the fold holds fewer than 1 / `far`
     different-person pairs, whose only false accept rate at most `far` is 0)."""
     def measure(labels, scores):
         curve = _verification_curve(labels, scores)
-        resolved = int((np.asarray(labels).reshape(-1) == 0).sum()) * far >= 1
+        resolved = _resolves(int((np.asarray(labels).reshape(-1) == 0).sum()), far)
 
         def tar(weights):
             false_accept, true_accept, different, same = curve(weights)
@@ -142,6 +148,11 @@ def tar_function(far):
     return measure
 
 
+def _tar(name, far) -> Metric:
+    """The metric `name`: the true accept rate at a false accept rate of at most `far` (`tar_function`)."""
+    return Metric(name, tar_function(far), far=far)
+
+
 # What each kind of task writes at every evaluation, its headline metric first.
 TASK_METRICS = {
     "multilabel": (Metric("auc/mean", auc_function, per_class=True),),
@@ -150,8 +161,7 @@ TASK_METRICS = {
 }
 # The protocol metrics of each protocol a dataset's line names (data/__init__.py), measured on each fold.
 PROTOCOLS = {"verification": (Metric("eer", eer_function, lower_is_better=True),
-                              Metric("tar_at_far_1e-2", tar_function(1e-2), far=1e-2),
-                              Metric("tar_at_far_1e-3", tar_function(1e-3), far=1e-3))}
+                              _tar("tar_at_far_1e-2", 1e-2), _tar("tar_at_far_1e-3", 1e-3))}
 
 
 @dataclass(frozen=True)
@@ -168,19 +178,23 @@ class Folds:
         return {f"{metric.name}/null_because": (
                     f"a fold of {different} different-person pairs resolves false accept rates down to "
                     f"1/{different} = {1 / max(different, 1):.2g}, above {metric.far:g}")
-                for metric in self.metrics if metric.far is not None and different * metric.far < 1}
+                for metric in self.metrics if metric.far is not None and not _resolves(different, metric.far)}
+
+    def per_fold(self, measure, labels, scores):
+        """A function from example weights ([b, n]) to `measure` on each fold under each row ([folds, b])."""
+        labels, scores = np.asarray(labels).reshape(-1), np.asarray(scores, np.float64).reshape(-1)
+        parts = [(np.flatnonzero(self.of == fold), measure(labels[self.of == fold], scores[self.of == fold]))
+                 for fold in np.unique(self.of)]
+        return lambda weights: np.stack([function(weights[:, rows]) for rows, function in parts])
 
     def spread(self, labels, scores) -> dict:
         """`<metric>/std` of each protocol metric over the folds (ddof=1, the undefined folds left out), with two
         folds or more."""
-        folds = np.unique(self.of)
-        if len(folds) < 2:
+        if len(np.unique(self.of)) < 2:
             return {}
-        labels, scores = np.asarray(labels).reshape(-1), np.asarray(scores, np.float64).reshape(-1)
         found = {}
         for metric in self.metrics:
-            values = np.array([metric.measure(labels[self.of == fold], scores[self.of == fold])(
-                np.ones((1, int((self.of == fold).sum()))))[0] for fold in folds])
+            values = self.per_fold(metric.measure, labels, scores)(np.ones((1, len(self.of))))[:, 0]
             values = values[~np.isnan(values)]
             found[f"{metric.name}/std"] = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
         return found
@@ -204,16 +218,13 @@ def protocol_names(dataset) -> tuple:
     return tuple(metric.name for metric in _protocol(dataset))
 
 
-def _fold_mean(measure, labels, scores, of):
-    """A function from example weights ([b, n]) to the mean over the folds (`of`) of `measure` on each fold, the
-    folds where it is undefined left out."""
-    parts = [(np.flatnonzero(of == fold), measure(labels[of == fold], scores[of == fold])) for fold in np.unique(of)]
-
+def _fold_mean(per_fold):
+    """A function from example weights ([b, n]) to the mean over the folds of `per_fold`'s values ([folds, b]),
+    the folds where it is undefined left out."""
     def mean(weights):
-        values = np.stack([function(weights[:, rows]) for rows, function in parts])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a row undefined on every fold is NaN
-            return np.nanmean(values, axis=0)
+            return np.nanmean(per_fold(weights), axis=0)
 
     return mean
 
@@ -255,8 +266,7 @@ def functions(task, class_names, labels, scores, folds=None) -> dict:
         else:
             found[metric.name] = metric.measure(labels, scores)
     if folds is not None:
-        flat_labels, flat_scores = np.asarray(labels).reshape(-1), scores.reshape(-1)
-        found.update({metric.name: _fold_mean(metric.measure, flat_labels, flat_scores, folds.of)
+        found.update({metric.name: _fold_mean(folds.per_fold(metric.measure, labels, scores))
                       for metric in folds.metrics})
     return found
 

@@ -115,8 +115,8 @@ class Cell:
 
     def protocol_best(self) -> list:
         """A dataset's first protocol metric as trainer.best_metric, measured on the whole validation split."""
-        return [f"trainer.best_metric={name}" for name in metrics.protocol_names(self.dataset)[:1]] + \
-            ["trainer.eval_steps=null"] * bool(metrics.protocol_names(self.dataset))
+        names = metrics.protocol_names(self.dataset)
+        return [f"trainer.best_metric={names[0]}", "trainer.eval_steps=null"] if names else []
 
 
 def cells() -> list:

@@ -149,16 +149,26 @@ def swept_tasks(domains) -> list:
     return list(dict.fromkeys(TASKS[name].SPEC.task for name in names if name in TASKS))
 
 
-def metric_columns(task, swept=()) -> list:
-    """The task's validation metrics, validation and train loss, the exit status (`mark_session`), then the metrics
-    of the other tasks in `swept` (a sweep over datasets): no column that no run of the sweep writes."""
+def protocol_columns(dataset, domains) -> list:
+    """The protocol metrics (experiments/metrics.py `PROTOCOLS`) of `dataset` and of the datasets a sweep over
+    `dataset` lists (`domains`, as `swept_tasks` reads them)."""
+    from tf_harness.data import TASKS
+    names = [dataset, *((domains["dataset"] or list(TASKS)) if "dataset" in domains else ())]
+    return list(dict.fromkeys(tag for name in names for tag in metrics.protocol_names(name)))
+
+
+def metric_columns(task, swept=(), protocol=()) -> list:
+    """The task's validation metrics, validation and train loss, the exit status (`mark_session`), then the
+    metrics of the other tasks in `swept` (a sweep over datasets) and the `protocol` metrics: no column that no run
+    of the sweep writes. TensorBoard ticks the first five columns, and draws no line for a run without a value in a
+    ticked one: the protocol metrics, which only an evaluation of a whole split writes, come after them."""
     own = metrics.names(task)
     others = dict.fromkeys(tag for other in swept for tag in metrics.names(other) if tag not in own)
     validation = dict(group="validation", dataset_type=hp.Metric.VALIDATION)
     return ([hp.Metric(tag, **validation) for tag in own]
             + [hp.Metric("loss", **validation), hp.Metric("loss", group="train", dataset_type=hp.Metric.TRAINING),
                hp.Metric(EXIT_STATUS, description="the job's exit status: 0 success, 1 failed, 2 config error")]
-            + [hp.Metric(tag, **validation) for tag in others])
+            + [hp.Metric(tag, **validation) for tag in [*others, *protocol]])
 
 
 def trial_id(run_dir, job) -> str:

@@ -107,7 +107,7 @@ def summaries(settings, task, job, model_dir, splits, writes) -> Summaries:
     where this process `writes` the run's files, the HParams record, after skipped.csv."""
     opened = Summaries(str(model_dir), splits)
     if writes:
-        opened.hparams(settings, task.SPEC.task, job)
+        opened.hparams(settings, task.SPEC, job)
     return opened
 
 

@@ -67,13 +67,15 @@ class Summaries:
                                  description=f"LayerCAM heatmaps of the class scored highest: {description}")
             self.writers["validation"].flush()
 
-    def hparams(self, settings, task, job):
+    def hparams(self, settings, spec, job):
         """Records the run's hyper-parameters for TensorBoard's HParams dashboard (experiments/hparams.py), once
-        per run directory: a re-entry (resume, evaluate, predict) runs the saved config, already recorded."""
+        per run directory: a re-entry (resume, evaluate, predict) runs the saved config, already recorded. `spec`:
+        the dataset's DatasetSpec."""
         if not self.enabled or hparams_record.has_record(self.model_dir):
             return
         hparams, values, swept = hparams_record.hparams_and_values(settings, job)
-        metrics = hparams_record.metric_columns(task, hparams_record.swept_tasks(swept))
+        metrics = hparams_record.metric_columns(spec.task, hparams_record.swept_tasks(swept),
+                                                hparams_record.protocol_columns(spec.name, swept))
         config = hparams_record.config_pb(hparams, metrics, swept)
         with tf.summary.create_file_writer(self.model_dir).as_default():
             tf.summary.experimental.write_raw_pb(config.SerializeToString(), step=0)

@@ -21,10 +21,11 @@ def hydra_config(sweep_dir, choices, task_overrides, params=None):
 SINGLE = OmegaConf.create({"mode": RunMode.RUN, "runtime": {"choices": {}, "output_dir": "."}})  # a single run's
 
 
-def record(run_dir, task, cfg, hydra_cfg):
+def record(run_dir, cfg, hydra_cfg):
+    from tf_harness.data import TASKS
     from tf_harness.experiments.settings import Job, Settings
     from tf_harness.experiments.summaries import Summaries
-    Summaries(str(run_dir)).hparams(Settings.from_config(cfg), task, Job.from_hydra(hydra_cfg))
+    Summaries(str(run_dir)).hparams(Settings.from_config(cfg), TASKS[cfg.dataset.name].SPEC, Job.from_hydra(hydra_cfg))
     accumulator, _ = event_tags(run_dir)
     experiment = metadata.parse_experiment_plugin_data(
         accumulator.SummaryMetadata(metadata.EXPERIMENT_TAG).plugin_data.content)
@@ -38,7 +39,7 @@ def test_the_swept_keys_lead_with_their_domains_and_ints_stay_ints(tmp_path):
     hydra_cfg = hydra_config(tmp_path / "sweep", {"dataset": "lfw_pairs"}, sweep,
                              params={"seed": "range(1,3)", "trainer.momentum": "interval(0.5, 0.99)"})
     cfg = compose("dataset=lfw_pairs", "experiment=smoke", "trainer.learning_rate=0.01", "pipeline.batch_size=16")
-    experiment, start = record(tmp_path / "sweep" / "1", "binary", cfg, hydra_cfg)
+    experiment, start = record(tmp_path / "sweep" / "1", cfg, hydra_cfg)
     infos = {info.name: info for info in experiment.hparam_infos}
     swept = {"trainer.learning_rate", "pipeline.batch_size", "seed", "trainer.momentum"}
     assert {name for name, info in infos.items() if info.differs} == swept
@@ -63,7 +64,7 @@ def test_the_swept_keys_lead_with_their_domains_and_ints_stay_ints(tmp_path):
 def test_a_swept_config_group_is_a_column_of_its_options(tmp_path):
     hydra_cfg = hydra_config(tmp_path / "sweep", {"dataset": "chest_xray", "model": "resnet_v2_50"},
                              ["dataset=chest_xray,lfw_pairs", "experiment=smoke"])
-    experiment, start = record(tmp_path / "sweep" / "0", "multilabel", compose("dataset=chest_xray"), hydra_cfg)
+    experiment, start = record(tmp_path / "sweep" / "0", compose("dataset=chest_xray"), hydra_cfg)
     infos = {info.name: info for info in experiment.hparam_infos}
     assert infos["dataset"].differs
     assert [v.string_value for v in infos["dataset"].domain_discrete.values] == ["chest_xray", "lfw_pairs"]
@@ -75,7 +76,7 @@ def test_each_run_directory_is_its_own_session_under_a_short_trial_id_even_with_
     starts = []
     for sweep in ("sweep-a", "2025-05-01/14-03-22_a1b2c3"):
         hydra_cfg = hydra_config(tmp_path / sweep, {"dataset": "lfw_pairs"}, ["seed=1,2"])
-        starts.append(record(tmp_path / sweep / "0", "binary", compose("dataset=lfw_pairs", "seed=1"), hydra_cfg)[1])
+        starts.append(record(tmp_path / sweep / "0", compose("dataset=lfw_pairs", "seed=1"), hydra_cfg)[1])
     assert starts[0].hparams == starts[1].hparams
     # The job number first: the column shows about 16 characters.
     assert [start.group_name for start in starts] == ["0 · sweep-a", "0 · 14-03-22_a1b2c3"]
@@ -83,7 +84,7 @@ def test_each_run_directory_is_its_own_session_under_a_short_trial_id_even_with_
 
 def test_a_single_run_s_trial_id_is_its_folder_name(tmp_path):
     run_dir = tmp_path / "2025-05-01" / "14-03-22_lfw_pairs_a1b2c3"
-    _, start = record(run_dir, "binary", compose("dataset=lfw_pairs"), SINGLE)
+    _, start = record(run_dir, compose("dataset=lfw_pairs"), SINGLE)
     assert start.group_name == "14-03-22_lfw_pairs_a1b2c3"
 
 
@@ -95,17 +96,20 @@ VALIDATION, TRAIN, UNKNOWN = api_pb2.DATASET_VALIDATION, api_pb2.DATASET_TRAININ
 SHARED = [("validation", "loss", VALIDATION), ("train", "loss", TRAIN), ("", "exit_status", UNKNOWN)]
 
 
-@pytest.mark.parametrize("dataset, task, own", [("chest_xray", "multilabel", ["auc/mean"]),
-                                                ("lfw_pairs", "binary", ["accuracy", "auc"]),
-                                                ("imagenet_det", "multiclass", ["accuracy", "top5_accuracy"])])
-def test_a_run_declares_only_the_metrics_its_dataset_writes(tmp_path, dataset, task, own):
+PROTOCOL = ["eer", "tar_at_far_1e-2", "tar_at_far_1e-3"]
+
+
+@pytest.mark.parametrize("dataset, own, protocol", [("chest_xray", ["auc/mean"], []),
+                                                    ("lfw_pairs", ["accuracy", "auc"], PROTOCOL),
+                                                    ("imagenet_det", ["accuracy", "top5_accuracy"], [])])
+def test_a_run_declares_only_the_metrics_its_dataset_writes(tmp_path, dataset, own, protocol):
     """Parallel coordinates draws no line for a run without a value in a ticked column: a single-dataset sweep drew
-    none while every run declared `auc/mean` and `top5_accuracy`."""
-    experiment, _ = record(tmp_path / dataset, task, compose(f"dataset={dataset}"),
-                           SINGLE)
-    assert columns_of(experiment) == [("validation", tag, VALIDATION) for tag in own] + SHARED
-    # TensorBoard ticks the first five metric columns: all of them.
-    assert len(experiment.metric_infos) <= 5
+    none while every run declared `auc/mean` and `top5_accuracy`. TensorBoard ticks the first five columns: the
+    metrics every evaluation writes; the protocol metrics, which only a whole split's evaluation writes, follow."""
+    experiment, _ = record(tmp_path / dataset, compose(f"dataset={dataset}"), SINGLE)
+    assert columns_of(experiment) == ([("validation", tag, VALIDATION) for tag in own] + SHARED
+                                      + [("validation", tag, VALIDATION) for tag in protocol])
+    assert len(own + SHARED) <= 5
 
 
 @pytest.mark.parametrize("dataset", ["chest_xray", "lfw_pairs", "imagenet_det"])
@@ -127,16 +131,16 @@ def test_the_declared_metrics_are_those_every_evaluation_writes_headline_first(d
 def test_a_sweep_over_datasets_declares_each_swept_dataset_s_metrics_own_first(tmp_path):
     """TensorBoard takes the first run's columns for the whole log dir: each dataset's keep a column."""
     hydra_cfg = hydra_config(tmp_path / "sweep", {"dataset": "chest_xray"}, ["dataset=chest_xray,lfw_pairs"])
-    experiment, _ = record(tmp_path / "sweep" / "0", "multilabel", compose("dataset=chest_xray"), hydra_cfg)
+    experiment, _ = record(tmp_path / "sweep" / "0", compose("dataset=chest_xray"), hydra_cfg)
     assert columns_of(experiment) == [("validation", "auc/mean", VALIDATION)] + SHARED + [
-        ("validation", "accuracy", VALIDATION), ("validation", "auc", VALIDATION)]
+        ("validation", tag, VALIDATION) for tag in ["accuracy", "auc", *PROTOCOL]]
 
 
 def test_a_job_s_end_is_its_session_status_and_exit_status_and_the_last_job_s_counts(tmp_path):
     """The dashboard reads a run's first session-end record: a later job's replaces the earlier one's."""
     from tf_harness.experiments.hparams import EXIT_STATUS, SESSION_END, mark_session
     run_dir = tmp_path / "run"
-    record(run_dir, "binary", compose("dataset=lfw_pairs"), SINGLE)
+    record(run_dir, compose("dataset=lfw_pairs"), SINGLE)
     (run_dir / "metrics.json").write_text('{"global_step": 4}')
     for status, expected in ((1, api_pb2.STATUS_FAILURE), (0, api_pb2.STATUS_SUCCESS)):
         mark_session(run_dir, status)
@@ -157,14 +161,14 @@ def test_a_job_s_end_is_its_session_status_and_exit_status_and_the_last_job_s_co
 
 
 def test_a_single_run_marks_nothing_as_swept(tmp_path):
-    experiment, _ = record(tmp_path / "run", "binary", compose("dataset=lfw_pairs"),
+    experiment, _ = record(tmp_path / "run", compose("dataset=lfw_pairs"),
                            SINGLE)
     assert not any(info.differs for info in experiment.hparam_infos)
 
 
 def test_a_sweep_spec_that_does_not_parse_marks_nothing_and_does_not_stop_the_run(tmp_path, caplog):
     hydra_cfg = hydra_config(tmp_path / "sweep", {"dataset": "lfw_pairs"}, ["trainer.learning_rate=choice(0.1,"])
-    experiment, start = record(tmp_path / "sweep" / "0", "binary", compose("dataset=lfw_pairs"), hydra_cfg)
+    experiment, start = record(tmp_path / "sweep" / "0", compose("dataset=lfw_pairs"), hydra_cfg)
     assert not any(info.differs for info in experiment.hparam_infos)
     assert start.hparams["trainer.learning_rate"].number_value == 0.001
     assert "do not parse" in caplog.text

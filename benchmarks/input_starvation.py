@@ -35,8 +35,7 @@ class StepTimer:
         started = time.perf_counter()
         features, labels, weights = next(iterator)
         fetched = time.perf_counter()
-        loss, _, _ = self.trainer.one_step(features, labels, weights)
-        loss = float(loss)  # waits for the step, as runner.py does
+        loss = float(self.trainer.one_step(features, labels, weights)["loss"])  # waits for the step, as runner.py does
         finished = time.perf_counter()
         if feed:
             self.times[feed].append(finished - started)

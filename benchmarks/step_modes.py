@@ -110,7 +110,7 @@ def cost(dataset, args, jits):
     rows = {"keras": step_row(keras_step(cfg, info.spec, info.size), iterator)}
     if trainer.jit_compile:  # the trainer's step is one XLA cluster: so is this yardstick's, beside the plain one
         rows["keras XLA"] = step_row(keras_step(cfg, info.spec, info.size, jit_compile=True), iterator)
-    rows["step"] = step_row(trainer.one_step, iterator)
+    rows["step"] = step_row(lambda *batch: (trainer.one_step(*batch)["loss"],), iterator)
     rows.update({f"loop {n}": loop_row(trainer, iterator, n) for n in args.loops})
     return Plan(rows, cfg, info, named("keras"), f"step jit_compile={trainer.jit_compile}, "
                                                  f"{CACHED_BATCHES} cached batches")

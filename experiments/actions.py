@@ -131,11 +131,12 @@ class ProgressBar(Action):
 
 class Log(Action):
     """The train scalars and log line every trainer.log_every steps and at the last, over the loops since the last
-    (`flush` writes them at any step: an interrupt's)."""
+    (`flush` writes them at any step: an interrupt's): the loss and every scalar the step measured, averaged over
+    the window's applied steps, then the pace. `logged(step, means)` gets the measured ones."""
 
-    def __init__(self, trainer, settings, summaries, note_unreadable):
+    def __init__(self, trainer, settings, summaries, note_unreadable, logged):
         self.trainer, self.trainer_settings, self.summaries = trainer, settings.trainer, summaries
-        self.spec, self.note_unreadable, self.window = trainer.spec, note_unreadable, []
+        self.note_unreadable, self.logged, self.window = note_unreadable, logged, []
 
     def after_loop(self, step, loop):
         self.window.append(loop)
@@ -150,23 +151,23 @@ class Log(Action):
             return
         loops = LoopStats.merge(self.window)
         self.window.clear()
-        values = {"loss": loops.loss,
+        means = loops.means
+        means = {"loss": means.pop("loss"), **means}  # the loss, then what `Trainer.train_step` measured
+        values = {**means,
                   "learning_rate": self.trainer.learning_rate,
                   "examples_per_sec": self.trainer.examples_per_step * loops.steps / loops.seconds,
                   # The share of train time spent waiting for batches (experiments/trainer.py defines it per loop).
                   "input_wait_fraction": loops.input_wait_fraction,
                   "nonfinite_steps": loops.nonfinite}
-        if self.trainer.clip_global_norm is not None:  # the norm before clipping
-            values["gradient_norm"] = loops.gradient_norm
-        if len(loops.logits):
-            values.update(metrics.evaluate(self.spec.task, self.spec.class_names, loops.labels, loops.logits))
         self.summaries.scalars("train", values, step)
         self.note_unreadable()
         # The window's pace (the first one includes the trace) over the steps still to go.
         target = self.trainer_settings.train_steps
-        log.info("step %d/%d: loss %.4f, %.1f examples/s, input_wait_fraction %.3f, ETA %s", step, target,
-                 values["loss"], values["examples_per_sec"], values["input_wait_fraction"],
+        measured = "".join(f", {name} {value:.4f}" for name, value in means.items())
+        log.info("step %d/%d: %s, %.1f examples/s, input_wait_fraction %.3f, ETA %s", step, target, measured[2:],
+                 values["examples_per_sec"], values["input_wait_fraction"],
                  _duration(loops.seconds / loops.steps * max(target - step, 0)))
+        self.logged(step, means)
 
 
 class Save(Action):
@@ -268,7 +269,8 @@ def standard(controller, manager, evaluate, start) -> list:
     actions = [Profile(settings.trainer.profile_steps if controller.writes else None, controller.model_dir / "train"),
                StartupLine(controller.clock), CheckFinite(trainer, controller.run_dir),
                ProgressBar(trainer, start, settings.trainer.train_steps),
-               Log(trainer, settings, controller.summaries, controller.note_unreadable), save]
+               Log(trainer, settings, controller.summaries, controller.note_unreadable, controller.evaluator.logged),
+               save]
     if evaluate:
         actions.append(Evaluate(controller.evaluate, settings, controller.run_dir, start))
     return actions + [BestCheckpoint(controller.recipes), EarlyStopping(controller.recipes, save),

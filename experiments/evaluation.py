@@ -70,7 +70,13 @@ class Evaluator:
         self.rows = sample_rows(tables[self.split], eval_steps, seed)
         self._data = None
         self.last_values = {}  # the last evaluation's metrics
+        self._logged = (None, {})  # `logged`
         self._shown = None  # experiments/heatmaps.py's ValidationHeatmaps, made at the first evaluation
+
+    def logged(self, step, means):
+        """The train scalars logged at global `step` (experiments/actions.py `Log`): an evaluation at that step
+        writes them beside its own in metrics.jsonl, as `train/<name>`."""
+        self._logged = (step, {f"train/{name}": value for name, value in means.items()})
 
     def _heatmaps(self):
         if self._shown is None:
@@ -145,7 +151,8 @@ class Evaluator:
                 log.info("metrics.json holds the training run's evaluation of global step %d and is left as it is; "
                          "this one, of checkpoint=%s, is in %s", later, self.chosen, BESIDE[self.split])
             elif self.write:  # metrics.jsonl before metrics.json: a kill between the two redoes the evaluation
-                metrics_history.append(self.model_dir, record)
+                logged_at, trained = self._logged
+                metrics_history.append(self.model_dir, {**record, **(trained if logged_at == step else {})})
                 if later is not None and later > step:
                     log.info("metrics.json holds the evaluation of a later global step (%d) and is left as it is; "
                              "this one is in validation/, metrics.jsonl and this log", later)

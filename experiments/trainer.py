@@ -42,31 +42,26 @@ class LoopStats:
     steps: int  # steps run, skipped non-finite ones included (not those after a stop: see `Trainer._step`)
     nonfinite: int  # steps skipped for a non-finite loss or gradient norm
     nonfinite_in_a_row: int  # consecutive skipped steps up to the loop's end
-    loss_sum: float  # summed loss of the applied steps
     wait: float  # seconds the steps waited for their batches (module docstring)
     seconds: float  # wall time on the host
-    logits: np.ndarray  # the applied steps' logits, stacked over their batches
-    labels: np.ndarray
-    norm_sum: float = 0.0  # the applied steps' summed gradient norms before clipping (trainer.clip_global_norm)
+    sums: dict  # each scalar the applied steps measured (`Trainer.train_step`'s, and the loss), summed over them
 
     @classmethod
     def merge(cls, loops):
         return cls(steps=sum(s.steps for s in loops), nonfinite=sum(s.nonfinite for s in loops),
-                   nonfinite_in_a_row=loops[-1].nonfinite_in_a_row, loss_sum=sum(s.loss_sum for s in loops),
-                   wait=sum(s.wait for s in loops), seconds=sum(s.seconds for s in loops),
-                   logits=np.concatenate([s.logits for s in loops]),
-                   labels=np.concatenate([s.labels for s in loops]), norm_sum=sum(s.norm_sum for s in loops))
+                   nonfinite_in_a_row=loops[-1].nonfinite_in_a_row, wait=sum(s.wait for s in loops),
+                   seconds=sum(s.seconds for s in loops),
+                   sums={name: sum(s.sums[name] for s in loops) for name in loops[0].sums})
+
+    @property
+    def means(self) -> dict:
+        """Each measured scalar's mean over the applied steps: what the train scalars show (NaN with none applied)."""
+        applied = self.steps - self.nonfinite
+        return {name: total / applied if applied else float("nan") for name, total in self.sums.items()}
 
     @property
     def loss(self) -> float:
-        applied = self.steps - self.nonfinite
-        return self.loss_sum / applied if applied else float("nan")
-
-    @property
-    def gradient_norm(self) -> float:
-        """The applied steps' mean global gradient norm before clipping (computed with trainer.clip_global_norm)."""
-        applied = self.steps - self.nonfinite
-        return self.norm_sum / applied if applied else float("nan")
+        return self.means["loss"]
 
     @property
     def input_wait_fraction(self) -> float:
@@ -234,10 +229,11 @@ class Trainer:
         self.input = LoopInput(settings.deterministic)
         self._swapped = self._said_averaged = False  # `averaged`
         self._before_loop = []  # `before_loop`
-        if self.jit_compile:
-            # The whole step, its non-finite check, skip and counters included, as one XLA cluster; the
-            # loop around it (iterator, clocks, results) stays in the graph.
-            self._step = tf.function(self._step, jit_compile=True)
+        # One traced step, called at both of the loop's call sites (`_train_loop`). With XLA the whole step, its
+        # non-finite check, skip and counters included, is one cluster; the loop around it (iterator, clocks,
+        # results) stays in the graph.
+        self._step = tf.function(self._step, jit_compile=True if self.jit_compile else None)
+        self._batch_step = tf.function(self.train_step)  # `_accumulated`'s, at its two call sites
         self.one_step = tf.function(self._one_step)
         self._loop = tf.function(self._train_loop)
         self._one = tf.function(self._train_one)
@@ -264,13 +260,17 @@ class Trainer:
     # The step a researcher edits -------------------------------------------------------------------------------
     def train_step(self, step, features, labels, weights):
         """One batch, one replica's share of it: augment, forward, loss, gradients. Returns the loss (this replica's
-        part of the mean over the global batch), the logits (float32) and the gradients of the trained variables.
+        part of the mean over the global batch), the gradients of the trained variables, and a dict of the scalars
+        it measured: each is averaged over the replicas and the loop's applied steps, and written as a train
+        scalar (TensorBoard's train/, the log line, and `train/<name>` beside each evaluation in metrics.jsonl).
+        Logging one more number is one more entry.
 
         This is the place to change what is trained; everything around it is the same for any step. `step` is
         the batch's number (with trainer.accumulate_steps, global step × N + i), which seeds its augmentation.
         Around it, from outside (`_replica_step`, `_step`, `_train_loop`): the split across replicas, gradient
         accumulation, clipping, the skip of a non-finite update, the update itself, the loop and its fetches.
         """
+        own = labels  # the examples' own labels, which the train accuracy scores, mixed or not
         # Augmentation and normalisation: the dataset's Preprocessing stage (data/preprocessing.py).
         features = self.preprocess(features, training=True, step=step)
         features, labels = self.preprocess.mix(features, labels, step)  # mixup, cutmix (off: as they were)
@@ -282,38 +282,48 @@ class Trainer:
             if self.model.losses:  # the layers' regularisation terms, once over the replicas
                 loss += tf.add_n(self.model.losses) / self.replicas
             scaled = self.optimizer.scale_loss(loss)  # float16: the loss-scale optimizer's scaling
-        return loss, tf.cast(logits, tf.float32), tape.gradient(scaled, self.trained)
+        measured = _accuracy(self.spec.task, own, logits, weights)
+        return loss, tape.gradient(scaled, self.trained), measured
 
     # What wraps the step -----------------------------------------------------------------------------------------
     def _replica_step(self, step, live, features, labels, weights):
         if self.accumulate_steps == 1:
-            loss, logits, gradients = self.train_step(step, features, labels, weights)
+            loss, gradients, measured = self.train_step(step, features, labels, weights)
         else:
-            loss, logits, gradients = self._accumulated(step, features, labels, weights)
-            labels = tf.reshape(labels, [-1, *labels.shape[2:]])  # the update's batches, one after the other
+            loss, gradients, measured = self._accumulated(step, features, labels, weights)
         gradients, norm = self._clipped(gradients)
         finite = self._finite(loss, gradients)
         applied = tf.logical_and(finite, live)
         self._apply_if(applied, gradients)
-        return loss, logits, labels, applied, norm
+        measured = {name: tf.reshape(tf.cast(value, tf.float32), []) for name, value in measured.items()}
+        if self.clip_global_norm is not None:  # the norm before clipping
+            measured["gradient_norm"] = norm
+        return loss, measured, applied
 
     def _accumulated(self, step, features, labels, weights):
         """`train_step` over an update's trainer.accumulate_steps batches, stacked on a first axis: the mean loss,
-        the logits one batch after the other, and the mean gradients. A while loop, so the step's graph holds
-        the model once whatever the count."""
+        the mean gradients and each measured scalar's mean. The first batch runs before a while loop over the
+        rest, which so learns the measured dict's names; both call one traced step (`_batch_step`), so the step's
+        graph holds the model once whatever the count."""
         count = self.accumulate_steps
-        variables = self.trained
 
-        def body(i, loss_sum, sums, logits):
-            batch = tf.nest.map_structure(lambda tensor: tensor[i], (features, labels, weights))
-            loss, batch_logits, gradients = self.train_step(step * count + tf.cast(i, tf.int64), *batch)
-            sums = [total if gradient is None else total + gradient for total, gradient in zip(sums, gradients)]
-            return i + 1, loss_sum + loss, sums, logits.write(i, batch_logits)
+        def batch(i):
+            parts = tf.nest.map_structure(lambda tensor: tensor[i], (features, labels, weights))
+            return self._batch_step(step * count + tf.cast(i, tf.int64), *parts)
 
-        start = (tf.constant(0), tf.constant(0.0), [tf.zeros(v.shape, v.dtype) for v in variables],
-                 tf.TensorArray(tf.float32, size=count))
-        _, loss_sum, sums, logits = tf.while_loop(lambda i, *_: i < count, body, start)
-        return loss_sum / count, logits.concat(), [total / count for total in sums]
+        def added(sums, gradients):
+            return [total if gradient is None else total + gradient for total, gradient in zip(sums, gradients)]
+
+        def body(i, loss_sum, sums, measured_sums):
+            loss, gradients, measured = batch(i)
+            return (i + 1, loss_sum + loss, added(sums, gradients),
+                    {name: total + measured[name] for name, total in measured_sums.items()})
+
+        loss, gradients, measured = batch(0)
+        start = (tf.constant(1), loss, added([tf.zeros(v.shape, v.dtype) for v in self.trained], gradients), measured)
+        _, loss_sum, sums, measured = tf.while_loop(lambda i, *_: i < count, body, start)
+        return loss_sum / count, [total / count for total in sums], {name: total / count
+                                                                       for name, total in measured.items()}
 
     def _clipped(self, gradients):
         """`gradients` scaled to a global norm of at most trainer.clip_global_norm, and their global norm before
@@ -365,7 +375,8 @@ class Trainer:
         return tf.distribute.get_replica_context().merge_call(cross_replica, args=(finite,))
 
     def _step(self, live, features, labels, weights):
-        """One train step in the cross-replica context; returns (loss, logits, labels, applied, in_a_row).
+        """One train step in the cross-replica context; returns (measured, applied, in_a_row): `measured` is the
+        step's loss, summed over the replicas, and each scalar `train_step` measured, averaged over them.
 
         `live` false (a device bool): the loop has stopped on `max_nonfinite_steps` in a row, and the step
         changes nothing: no update, no global step, no count. Deciding that on the device lets the loop
@@ -376,41 +387,43 @@ class Trainer:
         statistics = [v for v in self.model.non_trainable_variables if _is_float(v)]
         kept = [tf.identity(v.value) for v in statistics]
         stacked = 0 if self.accumulate_steps == 1 else 1  # the batch axis: an update's batches come stacked
-        loss, logits, labels, applied, norm = self.strategy.run(
+        loss, measured, applied = self.strategy.run(
             self._replica_step, args=(step, live, *self._per_replica((features, labels, weights), stacked)))
         applied = self.strategy.experimental_local_results(applied)[0]  # the same on every replica
-        norm = self.strategy.experimental_local_results(norm)[0]
         for variable, value in zip(statistics, kept):
             variable.assign(tf.where(applied, variable.value, value))
         counted = tf.where(applied, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1)
         in_a_row = self.nonfinite_in_a_row.assign(tf.where(live, counted, self.nonfinite_in_a_row))
         self.global_step.assign_add(tf.cast(live, tf.int64))
-        loss = self.strategy.reduce("SUM", loss, axis=None)
-        return loss, self._gather(logits), self._gather(labels), applied, in_a_row, norm
+        measured = {"loss": self.strategy.reduce("SUM", loss, axis=None),
+                    **{name: self.strategy.reduce("MEAN", value, axis=None) for name, value in measured.items()}}
+        return measured, applied, in_a_row
 
     def _one_step(self, features, labels, weights):
         """One whole traced step (split, accumulation, skip, update) on one batch (with trainer.accumulate_steps, the
-        update's batches stacked): (loss, logits, labels). The runner trains with `train_loop`."""
-        return self._step(tf.constant(True), features, labels, weights)[:3]
+        update's batches stacked): what it measured, the loss included. The runner trains with `train_loop`."""
+        return self._step(tf.constant(True), features, labels, weights)[0]
 
     def _train_loop(self, iterator, steps):
         """Runs `steps` steps, or with `steps` None one step and no loop; returns the loop's results as
-        tensors. Once `max_nonfinite_steps` in a row were skipped, the loop's later steps take their
-        batches but are not live (`_step`): the runner stops on the count, and a loop's first step is
-        always live. How each step takes its batch (`ahead`: `trainer.fetch_ahead`): experiments/loop_input.py."""
+        tensors. The first step runs before the while loop, which so learns the names of what a step measures;
+        both call the one traced `_step`. Once `max_nonfinite_steps` in a row were skipped, the loop's later
+        steps take their batches but are not live (`_step`): the runner stops on the count, and a loop's first
+        step is always live. How each step takes its batch (`ahead`: `trainer.fetch_ahead`):
+        experiments/loop_input.py."""
         ahead = self.fetch_ahead and steps is not None
 
         def keep_going(i, *_):
             return i < steps  # on the host: the condition never waits for the device
 
-        def body(i, in_a_row, ready_at, wait, loss_sum, norm_sum, logits, labels, applied, live_steps, fetched):
+        def body(i, in_a_row, ready_at, wait, sums, applied, live_steps, fetched):
             batch = fetched  # fetched ahead, or () when each step fetches its own
             if not ahead:
                 batch, waited = self._fetch(iterator, after=ready_at)
                 wait += waited
             step_live = tf.logical_or(i == 0, in_a_row < self.max_nonfinite_steps)
-            step_loss, step_logits, step_labels, step_applied, in_a_row, norm = self._step(step_live, *batch)
-            with tf.control_dependencies([step_loss, step_logits, step_applied, in_a_row]):
+            measured, step_applied, in_a_row = self._step(step_live, *batch)
+            with tf.control_dependencies([*measured.values(), step_applied, in_a_row]):
                 done_at = self.input.clock()
             if ahead:  # the next step's batch, while this one runs; none after the last, so the iterator
                 # stands exactly at the steps taken (its checkpoint and the resume stay exact). Neither branch
@@ -419,23 +432,22 @@ class Trainer:
                 fetched, fetched_at = tf.cond(more, lambda: self._fetch_early(iterator),
                                               lambda: (batch, tf.constant(0.0, tf.float64)))
                 wait += tf.where(more, tf.maximum(fetched_at - done_at, 0.0), 0.0)
-            return (i + 1, in_a_row, done_at, wait, loss_sum + tf.where(step_applied, step_loss, 0.0),
-                    norm_sum + tf.where(step_applied, norm, 0.0), logits.write(i, step_logits),
-                    labels.write(i, step_labels), applied.write(i, step_applied),
+            sums = {name: (0.0 if sums is None else sums[name]) + tf.where(step_applied, value, 0.0)
+                    for name, value in measured.items()}
+            return (i + 1, in_a_row, done_at, wait, sums, applied + tf.cast(step_applied, tf.int32),
                     live_steps + tf.cast(step_live, tf.int32), fetched)
 
-        labels_dtype = iterator.element_spec[1].dtype
         started_at, batch, wait = self.input.clock(), (), tf.constant(0.0, tf.float64)
         if ahead:  # the first batch before the loop, so every step in it finds its batch fetched
             batch, wait = self._fetch(iterator, after=started_at)
-        arrays = (tf.TensorArray(dtype, size=0, dynamic_size=True) for dtype in (tf.float32, labels_dtype, tf.bool))
-        start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, tf.constant(0.0),
-                 tf.constant(0.0), *arrays, tf.constant(0), batch)
+        start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, None, tf.constant(0),
+                 tf.constant(0), batch)
+        end = body(*start)
         # `_train_one` (steps None): the body once, with no loop for the graph optimizer to work through.
-        end = body(*start) if steps is None else tf.while_loop(keep_going, body, start)
-        _, in_a_row, _, wait, loss_sum, norm_sum, logits, labels, applied, live_steps, _ = end
-        return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "loss_sum": loss_sum, "norm_sum": norm_sum,
-                "logits": logits.stack(), "labels": labels.stack(), "applied": applied.stack()}
+        if steps is not None:
+            end = tf.while_loop(keep_going, body, end)
+        _, in_a_row, _, wait, sums, applied, live_steps, _ = end
+        return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "applied": applied, "sums": sums}
 
     def _fetch(self, iterator, after):
         """A step's batch, fetched once `after` has run, and its wait; with trainer.accumulate_steps, its update's
@@ -488,15 +500,12 @@ class Trainer:
             out = self._one(iterator)
         else:
             out = self._loop(iterator, tf.constant(steps, tf.int32))
-        out = {key: value.numpy() for key, value in out.items()}  # the first read waits for the loop
+        out = tf.nest.map_structure(lambda value: value.numpy(), out)  # the first read waits for the loop
         seconds = time.perf_counter() - started
-        applied, ran = out["applied"], int(out["steps"])  # only a step that ran (a live one) is ever applied
-        logits, labels = out["logits"][applied], out["labels"][applied]
-        return LoopStats(steps=ran, nonfinite=ran - int(applied.sum()),
-                         nonfinite_in_a_row=int(out["in_a_row"]), loss_sum=float(out["loss_sum"]),
+        ran = int(out["steps"])  # only a step that ran (a live one) is ever applied
+        return LoopStats(steps=ran, nonfinite=ran - int(out["applied"]), nonfinite_in_a_row=int(out["in_a_row"]),
                          wait=float(out["wait"]), seconds=seconds,
-                         logits=logits.reshape(-1, *logits.shape[2:]), labels=labels.reshape(-1, *labels.shape[2:]),
-                         norm_sum=float(out["norm_sum"]))
+                         sums={name: float(value) for name, value in out["sums"].items()})
 
     def _eval_step(self, features, labels, weights):
         def replica_step(features, labels, weights):
@@ -571,6 +580,21 @@ class Trainer:
     def learning_rate(self) -> float:
         """The rate the next step applies: the schedule at the current global step (see `_optimizer`)."""
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
+
+
+def _accuracy(task, labels, logits, weights) -> dict:
+    """{"accuracy": the batch's weighted accuracy} for a binary or multiclass task (`labels`: the examples' own, a
+    class index or 0/1 each); {} for a multi-label one, whose headline, the AUC, needs a whole split's scores."""
+    if task == "multilabel":
+        return {}
+    logits = tf.cast(logits, tf.float32)
+    if task == "multiclass":
+        hits = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), tf.cast(tf.reshape(labels, [-1]), tf.int32))
+    else:
+        hits = tf.equal(tf.reshape(logits, [-1]) > 0, tf.reshape(labels, [-1]) > 0.5)
+    weights = tf.cast(tf.reshape(weights, [-1]), tf.float32)
+    return {"accuracy": tf.math.divide_no_nan(tf.reduce_sum(tf.cast(hits, tf.float32) * weights),
+                                              tf.reduce_sum(weights))}
 
 
 def _stacked(batches):

@@ -9,7 +9,8 @@ import pytest
 from tests.conftest import PROJECT
 
 SMOKE = ("dataset=lfw_pairs", "experiment=smoke")
-STEP_LINE = re.compile(r"step (\d+)/(\d+): loss [\d.]+, [\d.]+ examples/s, input_wait_fraction [\d.]+, "
+# The loss, then each scalar the step measures (LFW's: accuracy), then the pace.
+STEP_LINE = re.compile(r"step (\d+)/(\d+): loss [\d.]+, accuracy [\d.]+, [\d.]+ examples/s, input_wait_fraction [\d.]+, "
                        r"ETA \d+:\d\d:\d\d$")
 
 

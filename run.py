@@ -16,30 +16,24 @@ cli.setup()
 
 import hydra  # noqa: E402
 
-from tf_harness.experiments.run_dir import reentry
 
-
-# The run's config (docs/run-directory.md). A new run runs what Hydra composes from conf/ and the command line;
-# re-entering a recorded run directory (hydra.run.dir=<run>) runs the run's saved .hydra/config.yaml, changed
-# only in the command line's run-control keys. Resolving it takes two calls, because they sit on either side of
-# Hydra's composition: Hydra refuses a key of a group it did not compose (LFW's model.merge, say), so the run's
-# saved dataset=, model= and experiment= go on the command line before Hydra reads it (compose_and_run); the
-# typed overrides can be compared with the saved config only once Hydra has parsed them and made the job's run
-# directory, in each job of a sweep (main, through cli.job).
-
-
-# conf/ is the package tf_harness.conf, so the same configs are found in a checkout and when installed.
+# A sweep (-m), and Hydra's own flags (--cfg, --help, ...): Hydra's main. conf/ is the package tf_harness.conf, so
+# the same configs are found in a checkout and when installed.
 @hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")
 def main(cfg):
-    # The job below the command line, which a sweep's jobs and experiments/api.py's `run` share: the config resolved
-    # (on re-entry: the saved config, or what may not change), checked, then experiments/runner.py's `run`.
-    return cli.job(cli.train_and_evaluate, cfg)  # the job's outcome: for Optuna, experiments/sweep_report.py
+    # Each job of a sweep: the config resolved (on re-entry: the saved config, changed only where allowed), checked,
+    # then experiments/runner.py's `run`; the job's outcome goes to Optuna (experiments/sweep_report.py).
+    return cli.job(cli.train_and_evaluate, cfg)
 
 
 def compose_and_run():
-    # On re-entry: the groups the command line does not name, as the run chose them.
-    sys.argv[1:] = reentry.with_saved_choices(sys.argv[1:])
-    main()  # Hydra reads sys.argv here
+    """A single run, new or re-entering its run directory (docs/run-directory.md), takes the call experiments/api.py
+    takes (cli.single_run); a sweep and Hydra's flags take Hydra's main, which reads sys.argv itself."""
+    args = sys.argv[1:]
+    if cli.hydra_main_needed(args):
+        main()
+    else:
+        cli.single_run(args, cli.train_and_evaluate)
 
 
 def command() -> int:

@@ -5,11 +5,11 @@ does, in this process, and returns the final metrics.
     api.run(["dataset=lfw_pairs", "experiment=smoke"], run_dir="runs/r")  # trains: {"accuracy": ..., ...}
     api.run(["mode=evaluate"], run_dir="runs/r")  # evaluates its newest checkpoint again
 
-It composes conf/ with Hydra's compose API and runs the job as Hydra's command line runs a single one, so the run
-directory is the same (.hydra/, run.log, checkpoints, events, metrics.json), and below Hydra it shares the
-command line's one function, experiments/cli.py `job`: the re-entry resolution of a saved config, the schema check,
-then experiments/runner.py. Importing this module imports neither TensorFlow nor Hydra; a run starts TensorFlow as
-the command line does, once its config has passed the check.
+It starts the run as the command line starts a single one, with the same call (experiments/cli.py `single_run`:
+Hydra's compose API, then one Hydra job), so the run directory is the same (.hydra/, run.log, checkpoints, events,
+metrics.json), and below it the same function, experiments/cli.py `job`: the re-entry resolution of a saved
+config, the schema check, then experiments/runner.py. Importing this module imports neither TensorFlow nor Hydra;
+a run starts TensorFlow as the command line does, once its config has passed the check.
 """
 import contextlib
 import logging
@@ -54,7 +54,7 @@ def run(overrides=(), run_dir=None, actions=()) -> dict:
         if refused:
             raise RunFailed(refused)
         try:
-            outcome = _run_job(reentry.with_saved_choices(args), actions)
+            outcome = cli.single_run(args, cli.train_and_evaluate, actions)
         except (HydraException, OmegaConfBaseException) as error:
             raise RunConfigError(cli.config_error_line(error)) from None
     if outcome.status == 2:
@@ -62,32 +62,6 @@ def run(overrides=(), run_dir=None, actions=()) -> dict:
     if outcome.status:
         raise RunFailed(outcome.error, outcome.status)
     return outcome.metrics
-
-
-def _run_job(args, actions):
-    """Composes the config of `args` and runs it as one Hydra job (what Hydra's `run` does for a command line's
-    single run: the run directory, its .hydra/ record and run.log, the callbacks); returns the job's Outcome."""
-    from hydra import compose, initialize_config_module
-    from hydra._internal.callbacks import Callbacks
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.utils import run_job
-    from hydra.types import HydraContext, RunMode
-
-    from tf_harness.experiments import cli
-
-    with initialize_config_module(config_module="tf_harness.conf", version_base="1.3", job_name="run"):
-        # A single run, as Hydra's command line marks one (a sweep's jobs are MULTIRUN).
-        composed = compose(config_name="config", overrides=[*args, f"hydra.mode={RunMode.RUN.name}"],
-                           return_hydra_config=True)
-        callbacks = Callbacks(composed)
-        callbacks.on_run_start(config=composed, config_name="config")
-        returned = run_job(hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(),
-                                                      callbacks=callbacks),
-                           task_function=lambda job_cfg: cli.job(cli.train_and_evaluate, job_cfg, actions),
-                           config=composed, job_dir_key="hydra.run.dir", job_subdir_key=None,
-                           configure_logging=True)
-        callbacks.on_run_end(config=composed, config_name="config", job_return=returned)
-        return returned.return_value  # raises what the job raised
 
 
 @contextlib.contextmanager

@@ -182,6 +182,63 @@ def job(task, cfg, actions=()) -> Outcome:
     return guarded(task, cfg, problem, Job.from_hydra(), actions)
 
 
+def single_run(args, task, actions=()) -> Outcome:
+    """One run of the overrides `args`, as typed, composed with Hydra's compose API and run as Hydra's command line
+    runs a single one (the run directory, its .hydra/ record and run.log, hydra.callbacks), through `job` with `task`
+    and `actions`; returns the job's Outcome. The command lines (run.py, the TFRecord converter) and experiments/
+    api.py `run` all start a single run here; a sweep (-m) and Hydra's own flags take Hydra's main.
+
+    On re-entry of a recorded run directory, the run's saved dataset=, model= and experiment= choices join `args`
+    where they name none (experiments/run_dir/reentry.py `with_saved_choices`): Hydra refuses a key of a group it
+    did not compose (LFW's model.merge, say), and an override of one is to be compared with the saved config
+    (`job`), not refused by Hydra."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext, RunMode
+
+    overrides = [*reentry.with_saved_choices(args), f"hydra.mode={RunMode.RUN.name}"]  # a single run's mode
+    with initialize_config_module(config_module="tf_harness.conf", version_base="1.3", job_name="run"):
+        composed = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        callbacks = _Callbacks(composed)
+        callbacks.notify("on_run_start", config=composed, config_name="config")
+        returned = run_job(hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(),
+                                                      callbacks=callbacks),
+                           task_function=lambda job_cfg: job(task, job_cfg, actions), config=composed,
+                           job_dir_key="hydra.run.dir", job_subdir_key=None, configure_logging=True)
+        callbacks.notify("on_run_end", config=composed, config_name="config", job_return=returned)
+        return returned.return_value  # raises what the job raised
+
+
+class _Callbacks:
+    """The composed config's hydra.callbacks, instantiated and called as Hydra's main calls them: in order at a
+    start, the last first at an end, and a callback that raises is a warning, not the run's failure."""
+
+    def __init__(self, config):
+        from hydra.utils import instantiate
+
+        self.callbacks = [instantiate(params) for params in (OmegaConf.select(config, "hydra.callbacks") or {}).values()]
+
+    def notify(self, hook, **kwargs) -> None:
+        for callback in reversed(self.callbacks) if hook.endswith("_end") else self.callbacks:
+            try:
+                getattr(callback, hook)(**kwargs)
+            except Exception as error:  # noqa: BLE001  as Hydra's own Callbacks do
+                warnings.warn(f"Callback {type(callback).__name__}.{hook} raised {type(error).__name__}: {error}")
+
+    def on_job_start(self, **kwargs) -> None:  # what run_job calls
+        self.notify("on_job_start", **kwargs)
+
+    def on_job_end(self, **kwargs) -> None:
+        self.notify("on_job_end", **kwargs)
+
+
+def hydra_main_needed(args) -> bool:
+    """Whether the command line `args` is a sweep (-m) or uses Hydra's own flags (--cfg, --help, ...), which Hydra's
+    main runs; a single run's overrides go to `single_run`."""
+    return any(arg.startswith("-") for arg in args)
+
+
 def train_and_evaluate(settings, job, actions=()):
     """A run's task: experiments/runner.py's `run`, which runs the role's main (TensorFlow starts here, once
     `guarded` has passed the config)."""
@@ -277,7 +334,7 @@ def config_error_line(error) -> str:
 
 
 def exit_code(main) -> int:
-    """Runs `main`, which starts Hydra (it reads sys.argv), and returns the documented exit status."""
+    """Runs `main`, which runs the command line's overrides (sys.argv), and returns the documented exit status."""
     stopped_by = None  # the interrupt's line, for the report of a sweep it stopped
     interrupts.install()  # from here on, a signal at any instant exits 130/143 (the runner saves first)
     try:

@@ -135,8 +135,26 @@ def test_one_module_takes_file_locks_and_one_replaces_files():
     assert len(replaces) == 1 and replaces[0].startswith("data/integrity/writing.py:"), replaces
 
 
+def test_no_module_uses_hydras_internals_or_rewrites_the_command_line():
+    """A single run is composed with Hydra's public compose API (experiments/cli.py `single_run`), from the overrides
+    as typed: nothing imports `hydra._internal`, and no entry point assigns `sys.argv` for Hydra to read."""
+    internal, rewrites = [], []
+    for path in _python_files():
+        if str(path.relative_to(PROJECT)).startswith(("benchmarks", "tests")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            internal += [f"{path.relative_to(PROJECT)}:{node.lineno}" for name in names
+                         if name.startswith("hydra._internal")]
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            rewrites += [f"{path.relative_to(PROJECT)}:{node.lineno}" for target in targets
+                         if "sys.argv" in ast.unparse(target)]
+    assert internal == [] and rewrites == [], (internal, rewrites)
+
+
 # Where a reader enters each file of the documented path, and the file of the path that calls it there.
-_ENTRIES = {"run.py": ("main", None), "experiments/runner.py": ("run", "run.py"),
+_ENTRIES = {"run.py": ("compose_and_run", None), "experiments/runner.py": ("run", "run.py"),
             "data/input_fn.py": ("input_fn", "experiments/runner.py"),
             "data/chest_xray.py": ("load", "data/input_fn.py"), "experiments/trainer.py": ("train_loop", "experiments/runner.py")}
 _TRACE = """

@@ -124,7 +124,7 @@ def recorded_run(run_dir):
     """A run directory with its HParams record, as a job writes it when it starts training."""
     from tests.test_hparams import hydra_config, record
     from tests.conftest import compose
-    record(run_dir, "binary", compose(*SMOKE), hydra_config(run_dir.parent, {"dataset": "lfw_pairs"}, ["seed=1,2"]))
+    record(run_dir, compose(*SMOKE), hydra_config(run_dir.parent, {"dataset": "lfw_pairs"}, ["seed=1,2"]))
     return run_dir
 
 

@@ -15,8 +15,6 @@ cli.setup()  # as in run.py: the entry point's one call, before TensorFlow or Hy
 
 import hydra  # noqa: E402
 
-from tf_harness.experiments.run_dir import reentry  # noqa: E402
-
 
 def convert_configured(settings, job, actions):
     """cli.guarded's task: converts the dataset `settings` name (`job` and `actions` are a training run's)."""
@@ -35,8 +33,11 @@ def main(cfg):
 
 
 def compose_and_run():
-    sys.argv[1:] = reentry.with_saved_choices(sys.argv[1:])  # as in run.py, before Hydra reads sys.argv
-    main()
+    args = sys.argv[1:]  # as in run.py: a single conversion through cli.single_run, Hydra's flags through main
+    if cli.hydra_main_needed(args):
+        main()
+    else:
+        cli.single_run(args, convert_configured)
 
 
 def command() -> int:

@@ -134,8 +134,8 @@ class Log(Action):
     (`flush` writes them at any step: an interrupt's): the loss and every scalar the step measured, averaged over
     the window's applied steps, then the pace. `logged(step, means)` gets the measured ones."""
 
-    def __init__(self, trainer, settings, summaries, note_unreadable, logged):
-        self.trainer, self.trainer_settings, self.summaries = trainer, settings.trainer, summaries
+    def __init__(self, trainer, trainer_settings, summaries, note_unreadable, logged):
+        self.trainer, self.trainer_settings, self.summaries = trainer, trainer_settings, summaries
         self.note_unreadable, self.logged, self.window = note_unreadable, logged, []
 
     def after_loop(self, step, loop):
@@ -174,8 +174,8 @@ class Save(Action):
     """A checkpoint every trainer.checkpoint_every steps and at the last, once the weights are checked finite
     (`save` saves at any step: an interrupt's or an early stop's)."""
 
-    def __init__(self, trainer, settings, run_dir, manager):
-        self.trainer, self.trainer_settings, self.run_dir, self.manager = trainer, settings.trainer, run_dir, manager
+    def __init__(self, trainer, trainer_settings, run_dir, manager):
+        self.trainer, self.trainer_settings, self.run_dir, self.manager = trainer, trainer_settings, run_dir, manager
 
     def after_loop(self, step, loop):
         if due(step, self.trainer_settings.checkpoint_every, self.trainer_settings.train_steps):
@@ -197,8 +197,8 @@ class Evaluate(Action):
     """train_and_evaluate's evaluations: one every trainer.eval_every steps and one at the end; at the start, the
     evaluation an interrupt cut short, redone. `evaluate()` evaluates and calls the actions' `after_evaluation`."""
 
-    def __init__(self, evaluate, settings, run_dir, start):
-        self.evaluate, self.every, self.target = evaluate, settings.trainer.eval_every, settings.trainer.train_steps
+    def __init__(self, evaluate, trainer_settings, run_dir, start):
+        self.evaluate, self.every, self.target = evaluate, trainer_settings.eval_every, trainer_settings.train_steps
         self.run_dir, self.first = run_dir, start
 
     def start(self, step):
@@ -264,11 +264,11 @@ class Prune(Action):
 def standard(controller, manager, evaluate, start) -> list:
     """The actions of a training run of `controller` (experiments/runner.py), saving through `manager`, evaluating
     when `evaluate`, from global step `start`, in the order they run."""
-    settings, trainer = controller.settings, controller.trainer
+    settings, trainer = controller.trainer_settings, controller.trainer
     save = Save(trainer, settings, controller.run_dir, manager)
-    actions = [Profile(settings.trainer.profile_steps if controller.writes else None, controller.model_dir / "train"),
+    actions = [Profile(settings.profile_steps if controller.writes else None, controller.model_dir / "train"),
                StartupLine(controller.clock), CheckFinite(trainer, controller.run_dir),
-               ProgressBar(trainer, start, settings.trainer.train_steps),
+               ProgressBar(trainer, start, settings.train_steps),
                Log(trainer, settings, controller.summaries, controller.note_unreadable, controller.evaluator.logged),
                save]
     if evaluate:

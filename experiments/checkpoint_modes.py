@@ -51,7 +51,7 @@ def main(settings, job, actions=()):
     note_unreadable()  # what an earlier life of this run found
     evaluator = sections.evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable)
     modes = CheckpointModes(settings, task, trainer, evaluator, run_dir, tables, actions)
-    objective = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # trainer.objective: last or best
+    objective = recipes.Recipes(settings.trainer, task.SPEC, trainer, run_dir)  # trainer.objective: last or best
 
     # Restore: the checkpoint `checkpoint=latest|best|<step>` names --------------------------------------------
     modes.restore()

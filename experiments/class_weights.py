@@ -22,10 +22,10 @@ FILE = "class_weights.json"
 _FIX = f"delete it to have {FILE} computed again from the training split"
 
 
-def prepare(settings, task, tables, model_dir, write=True) -> None:
-    """Gives `task` its positive weights when trainer.class_weights is ``balanced``: read from `model_dir`'s
+def prepare(choice, task, tables, model_dir, write=True) -> None:
+    """Gives `task` its positive weights when trainer.class_weights (`choice`) is ``balanced``: read from `model_dir`'s
     class_weights.json, or computed from ``tables['train']`` and (with `write`) written there."""
-    if settings.trainer.class_weights is None:
+    if choice is None:
         return
     names = list(task.SPEC.class_names)
     path = model_dir / FILE
@@ -35,7 +35,7 @@ def prepare(settings, task, tables, model_dir, write=True) -> None:
     else:
         train = tables["train"]
         weights = balanced_positive_weights(train.label.tolist())
-        record = {"class_weights": settings.trainer.class_weights, "training_examples": len(train),
+        record = {"class_weights": choice, "training_examples": len(train),
                   "positive_weights": dict(zip(names, weights))}
         if write:
             with replacing(path) as f:

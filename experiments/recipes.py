@@ -83,9 +83,9 @@ def best_metric(trainer_settings, spec) -> str:
 class Recipes:
     """The best evaluation, the best checkpoint and early stopping of one run (the module's docstring)."""
 
-    def __init__(self, settings, spec, trainer, run_dir):
-        """`trainer`: its `progress` is the state, None when the run tracks nothing; `run_dir`: the RunDirectory."""
-        trainer_settings = settings.trainer
+    def __init__(self, trainer_settings, spec, trainer, run_dir):
+        """`trainer_settings`: settings.trainer; `trainer`: its `progress` is the state, None when the run tracks
+        nothing; `run_dir`: the RunDirectory."""
         self.trainer, self.run_dir, self.state = trainer, run_dir, trainer.progress
         self.metric = best_metric(trainer_settings, spec)
         self.mode = trainer_settings.best_mode or schema.best_mode(self.metric)  # the config check refused a contradiction

@@ -109,7 +109,7 @@ class Controller:
         self.note_unreadable()  # what an earlier life of this run found
         self.evaluator = sections.evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir,
                                             self.note_unreadable)
-        self.recipes = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
+        self.recipes = recipes.Recipes(settings.trainer, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
         self.extra_actions = list(extra_actions)
         self.actions = []  # the run's own and `extra_actions`, set as training starts (`_train`)
         pruner = settings.sweep.pruner if writes else None

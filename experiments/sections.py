@@ -99,7 +99,7 @@ def first_files(settings, task, tables, skipped, model_dir, writes) -> None:
     if writes:
         skipped.write(model_dir / "skipped.csv")
     check_skipped(tables, skipped, settings.dataset.max_skipped_fraction)
-    class_weights.prepare(settings, task, tables, model_dir, write=writes)
+    class_weights.prepare(settings.trainer.class_weights, task, tables, model_dir, write=writes)
 
 
 def summaries(settings, task, job, model_dir, splits, writes) -> Summaries:

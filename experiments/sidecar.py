@@ -81,7 +81,7 @@ def main(settings, job, actions=()):
     note_unreadable()
     evaluator = sections.evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable,
                                    beside=True)
-    objective = recipes.Recipes(settings, task.SPEC, trainer, run_dir)  # trainer.objective: last or best
+    objective = recipes.Recipes(settings.trainer, task.SPEC, trainer, run_dir)  # trainer.objective: last or best
 
     # Loop: each new checkpoint, restored and evaluated ------------------------------------------------------------
     evaluate_each(settings, run_dir.checkpoint_dir, trainer, evaluator)

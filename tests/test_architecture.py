@@ -153,6 +153,30 @@ def test_no_module_uses_hydras_internals_or_rewrites_the_command_line():
     assert internal == [] and rewrites == [], (internal, rewrites)
 
 
+# The modules a run's whole Settings reaches: the entry points, the mains and their sections, the run directory's
+# claim, the HParams record (every key is a column) and the Trainer (model, pipeline and trainer groups at once).
+WHOLE_SETTINGS = {"data/tfrecords/__main__.py", "experiments/checkpoint_modes.py", "experiments/cli.py",
+                  "experiments/hparams.py", "experiments/run_dir/directory.py", "experiments/run_dir/input_record.py",
+                  "experiments/runner.py", "experiments/sections.py", "experiments/sidecar.py", "experiments/summaries.py",
+                  "experiments/trainer.py", "experiments/warm_start.py"}
+
+
+def test_a_component_receives_its_settings_group_not_the_whole_settings():
+    """Following `settings` from the run's entry entered 34 files. A parameter named `settings`, unannotated or
+    annotated Settings, takes the whole of them; every other component takes its group (`trainer_settings`, a
+    group's dataclass), so the modules the whole reaches stay the few listed."""
+    receiving = set()
+    for path in _python_files():
+        name = str(path.relative_to(PROJECT))
+        if name.startswith(("benchmarks", "tests")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                receiving |= {name for arg in node.args.args + node.args.kwonlyargs if arg.arg == "settings"
+                              and (arg.annotation is None or ast.unparse(arg.annotation) == "Settings")}
+    assert receiving == WHOLE_SETTINGS and len(receiving) <= 15, sorted(receiving ^ WHOLE_SETTINGS)
+
+
 # Where a reader enters each file of the documented path, and the file of the path that calls it there.
 _ENTRIES = {"run.py": ("compose_and_run", None), "experiments/runner.py": ("run", "run.py"),
             "data/input_fn.py": ("input_fn", "experiments/runner.py"),

@@ -73,15 +73,15 @@ def test_class_weights_are_written_once_and_read_back_on_reentry(tmp_path):
     names = task.SPEC.class_names
     first = np.zeros((10, len(names)), int)
     first[:2, 0] = 1  # 2 positives, 8 negatives: 4
-    class_weights.prepare(settings, task, {"train": pd.DataFrame({"label": list(first)})}, tmp_path)
+    class_weights.prepare(settings.trainer.class_weights, task, {"train": pd.DataFrame({"label": list(first)})}, tmp_path)
     saved = json.loads((tmp_path / class_weights.FILE).read_text())
     assert saved["positive_weights"][names[0]] == 4.0 and task.positive_weights[0] == 4.0
     again = settings.task()  # a resume whose training split changed: the saved weights hold
-    class_weights.prepare(settings, again, {"train": pd.DataFrame({"label": list(np.ones_like(first))})}, tmp_path)
+    class_weights.prepare(settings.trainer.class_weights, again, {"train": pd.DataFrame({"label": list(np.ones_like(first))})}, tmp_path)
     assert again.positive_weights == task.positive_weights
     (tmp_path / class_weights.FILE).write_text('{"positive_weights": {"Other": 1}}')
     with pytest.raises(DatasetError, match="class_weights.json"):
-        class_weights.prepare(settings, settings.task(), {}, tmp_path)
+        class_weights.prepare(settings.trainer.class_weights, settings.task(), {}, tmp_path)
 
 
 @pytest.mark.parametrize("weight", [-2.0, 0.0, "NaN", "Infinity"])
@@ -92,13 +92,13 @@ def test_a_class_weight_that_is_not_a_finite_positive_number_is_refused_naming_t
     weights = ", ".join(f'"{name}": {weight if i == 3 else 1.0}' for i, name in enumerate(names))
     (tmp_path / class_weights.FILE).write_text(f'{{"positive_weights": {{{weights}}}}}')
     with raises_naming(DatasetError, tmp_path / class_weights.FILE, names[3]):
-        class_weights.prepare(settings, settings.task(), {}, tmp_path)
+        class_weights.prepare(settings.trainer.class_weights, settings.task(), {}, tmp_path)
 
 
 def test_without_class_weights_nothing_is_written(tmp_path):
     settings = Settings.from_config(compose("dataset=chest_xray"))
     task = settings.task()
-    class_weights.prepare(settings, task, {}, tmp_path)
+    class_weights.prepare(settings.trainer.class_weights, task, {}, tmp_path)
     assert task.positive_weights is None and not (tmp_path / class_weights.FILE).exists()
 
 

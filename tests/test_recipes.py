@@ -310,7 +310,7 @@ def recipes_of(tmp_path, *overrides, trainer=None):
 
     trainer = trainer or make_trainer(*overrides)
     settings = Settings.from_config(compose("dataset=lfw_pairs", f"pipeline.image_size={SIZE}", *overrides))
-    made = recipes.Recipes(settings, PAIRS, trainer, RunDirectory(tmp_path))
+    made = recipes.Recipes(settings.trainer, PAIRS, trainer, RunDirectory(tmp_path))
     made.resume(trainer.step)
     return made
 

@@ -238,7 +238,7 @@ def splits_read(mode, tables) -> list:
     return ["validation"] if mode == "evaluate" else ["train", "validation"]
 
 
-def check_shards(task, tables, settings, mode, skipped) -> None:
+def check_shards(task, tables, settings: TFRecordSettings | None, mode, skipped) -> None:
     """Lists in `skipped` the records lost by damaged shards of the splits a run of `mode` reads, before any
     pipeline reads them: a row per shard (``shard damaged: 240 of 250 records unreadable``) that counts as that
     many examples, of rows still in `tables`, so that dataset.max_skipped_fraction weighs them

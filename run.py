@@ -22,7 +22,7 @@ import hydra  # noqa: E402
 @hydra.main(config_path="pkg://tf_harness.conf", config_name="config", version_base="1.3")
 def main(cfg):
     # Each job of a sweep: the config resolved (on re-entry: the saved config, changed only where allowed), checked,
-    # then experiments/runner.py's `run`; the job's outcome goes to Optuna (experiments/sweep_report.py).
+    # then experiments/runner.py's `run`; the job's outcome goes to Optuna (experiments/sweeps/sweep_report.py).
     return cli.job(cli.train_and_evaluate, cfg)
 
 

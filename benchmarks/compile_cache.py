@@ -2,7 +2,7 @@
 
 Each round makes a fresh cache home (samples are shared, generated once up front), then runs the same
 `python run.py ... trainer.jit_compile=true` twice: the first run compiles the train step and publishes it
-(experiments/xla_cache.py), the second loads it. Each run's own "Time to the first step" line gives its
+(experiments/training/xla_cache.py), the second loads it. Each run's own "Time to the first step" line gives its
 "first loop" lap (the trace, the compile or the load, and the first step). The figure is warm ÷ cold of
 that lap, per round, with its spread; the rows also give the whole time to the first step and each run's
 CPU seconds. The rounds alternate nothing else, so load that comes and goes hits a pair alike.

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tf_harness.experiments.settings import Settings
+from tf_harness.experiments.config.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: its conf/ and the folder subprocesses start in
 DATASETS = ("chest_xray", "lfw_pairs", "imagenet_det")

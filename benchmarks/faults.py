@@ -59,7 +59,7 @@ SMALL_ALEXNET = ("model.filters=[8,16,16,16,16]", "model.dense_units=32")  # dro
 # stops, after patience=2 evaluations without an improvement; checkpoints at 4 and 8, and 9 at the stop.
 RECIPES = ("trainer.eval_every=3", "trainer.keep_best=true", "trainer.early_stopping.patience=2",
            "trainer.early_stopping.min_delta=0.5", "trainer.ema_decay=0.9", "trainer.accumulate_steps=2")
-# And the field's recipes, each where it fits the dataset (experiments/schema.py FIELD_RECIPES): the random
+# And the field's recipes, each where it fits the dataset (experiments/config/schema.py FIELD_RECIPES): the random
 # resized crop everywhere, mixup, cutmix and label smoothing on the single-label dataset, the balanced loss on the
 # multi-label one.
 CROP = "pipeline.random_resized_crop={scale:[0.25,1]}"

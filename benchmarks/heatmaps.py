@@ -6,7 +6,7 @@ dataset=chest_xray`, unless --run names such a run), writes `mode=predict heatma
 counts, of the overlays whose class the image has, those whose peak (heatmaps/index.csv) lies on that class's
 square. Chance is the square's share of the image: where a peak placed at random would land.
 
-Two rows, from the same trained model and the same overlays: the heatmaps as experiments/heatmaps.py makes them,
+Two rows, from the same trained model and the same overlays: the heatmaps as experiments/evaluation/heatmaps.py makes them,
 and, for comparison, plain Grad-CAM (channel weights, the mean gradient) at the model's last spatial map, written
 here on its own.
 """
@@ -35,11 +35,11 @@ def _train(run_dir):
 
 @contextlib.contextmanager
 def _last_map_grad_cam():
-    """experiments/heatmaps.py's LayerCam computing plain Grad-CAM at the model's last spatial map instead."""
+    """experiments/evaluation/heatmaps.py's LayerCam computing plain Grad-CAM at the model's last spatial map instead."""
     import keras
     import tensorflow as tf
 
-    from tf_harness.experiments import heatmaps
+    from tf_harness.experiments.evaluation import heatmaps
 
     def last_map(model):
         for layer in reversed(model.layers):
@@ -106,7 +106,7 @@ def main(argv=None):
             print("training the chest default (python run.py dataset=chest_xray) ...", flush=True)
             _train(run_dir)
         rows = []
-        for label, patched in (("experiments/heatmaps.py (LayerCAM)", contextlib.nullcontext),
+        for label, patched in (("experiments/evaluation/heatmaps.py (LayerCAM)", contextlib.nullcontext),
                                ("Grad-CAM at the last spatial map", _last_map_grad_cam)):
             with patched():
                 api.run(["mode=predict", f"heatmaps={args.overlays}"], run_dir=str(run_dir))

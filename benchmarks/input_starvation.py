@@ -4,7 +4,7 @@ model's training step back?
     python -m benchmarks input starvation [--datasets chest_xray] [--steps 10] [--model resnet_v2_152]
                                           [--batch-size 32] [--image-size 224]
 
-It trains a real model (tf_harness.experiments.trainer.Trainer) fed by the real pipeline and by one cached
+It trains a real model (tf_harness.experiments.training.trainer.Trainer) fed by the real pipeline and by one cached
 batch repeated (`data.take(1).cache().repeat()`, no input cost), in alternating blocks so load from
 other processes falls on both feeds alike, and reports the ratio of median step times (the median of
 per-block ratios, with their min–max) and the input-wait fraction measured the way experiments/runner.py
@@ -17,7 +17,7 @@ import time
 
 from benchmarks import data_api
 from benchmarks.measure import CORES, SEED, load_average, system_busy_seconds, target_line
-from tf_harness.experiments.settings import Settings
+from tf_harness.experiments.config.settings import Settings
 
 FEEDS = ("real", "cached")
 
@@ -81,8 +81,8 @@ def pipeline_alone(data, batches=20):
 
 def make_trainer(cfg, info):
     """The model's Trainer, as experiments/sections.py `build` builds it."""
-    from tf_harness.experiments import strategies
-    from tf_harness.experiments.trainer import Trainer
+    from tf_harness.experiments.config import strategies
+    from tf_harness.experiments.training.trainer import Trainer
 
     strategy = strategies.make_strategy(cfg.strategy)
     return Trainer(Settings.from_config(cfg), info.spec, strategy, info.size)
@@ -135,7 +135,7 @@ def starvation(dataset, image_size, args):
     """Median step time fed by the real pipeline ÷ fed by one cached batch, and the input-wait fraction."""
     import keras
 
-    from tf_harness.experiments.schema import first_problem
+    from tf_harness.experiments.config.schema import first_problem
 
     overrides = [f"model={args.model}"] if args.model else []
     cfg = data_api.compose_cfg(dataset, args.batch_size, image_size, *overrides)
@@ -144,7 +144,7 @@ def starvation(dataset, image_size, args):
         raise SystemExit(f"config error: {first_problem(cfg)}")
     height, width = info.size
     print(f"\n# Starvation check: dataset {dataset}, model {cfg.model.name} via "
-          f"tf_harness.experiments.trainer.Trainer, {height}x{width}, batch {args.batch_size}, {args.steps} measured "
+          f"tf_harness.experiments.training.trainer.Trainer, {height}x{width}, batch {args.batch_size}, {args.steps} measured "
           f"steps per feed, {CORES} cores")
     keras.utils.set_random_seed(cfg.seed)
     with tempfile.TemporaryDirectory(prefix="starvation-") as workdir:

@@ -1,6 +1,6 @@
 """Bootstrap intervals: their cost at each dataset's test-split size, and against a test evaluation.
 
-Two tables. The first times experiments/intervals.py `intervals` (evaluation.bootstrap resamples, vectorised)
+Two tables. The first times experiments/evaluation/intervals.py `intervals` (evaluation.bootstrap resamples, vectorised)
 on synthetic scores of each dataset's test-split shape: examples, classes and units, and for a dataset with a
 protocol its ten folds (LFW's `eer` and `tar_at_far_*` per fold). The second times
 `mode=evaluate split=test` end to end on a small trained run of the embedded LFW sample, in alternating
@@ -33,7 +33,7 @@ _SECONDS = re.compile(r"resamples of \w+s, ([0-9.]+) s\)")
 def time_intervals(dataset, task, examples, classes, units, resamples, rounds):
     import pandas as pd
 
-    from tf_harness.experiments import intervals, metrics
+    from tf_harness.experiments.evaluation import intervals, metrics
 
     rng = np.random.default_rng(0)
     if task == "multilabel":

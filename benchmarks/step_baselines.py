@@ -123,7 +123,7 @@ def bare_loop(step, fetch, per_call, parts, labels_dtype):
         return going
 
     def body(i, in_a_row, ready_at, wait, loss_sum, logits, labels):
-        if parts.clocks:  # as experiments/trainer.py: ask once the step is done, start it after the fetch
+        if parts.clocks:  # as experiments/training/trainer.py: ask once the step is done, start it after the fetch
             with tf.control_dependencies([ready_at]):
                 asked_at = tf.timestamp()
             with tf.control_dependencies([asked_at]):

@@ -14,9 +14,9 @@ from benchmarks import data_api, measure
 from benchmarks.measure import spread, timed, timing_ratios
 from benchmarks.step_baselines import (ASIDES, PARTS, bare_loop, ceiling_loop, first_device, keras_step, on_device,
                                        prefetched)
-from tf_harness.experiments import strategies
-from tf_harness.experiments.settings import Settings
-from tf_harness.experiments.trainer import Trainer
+from tf_harness.experiments.config import strategies
+from tf_harness.experiments.config.settings import Settings
+from tf_harness.experiments.training.trainer import Trainer
 
 CACHED_BATCHES = 4
 # overhead's asides beside 6. trainer: its pipeline prefetched to the device (GPU only), and trainer.fetch_ahead

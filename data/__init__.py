@@ -1,7 +1,7 @@
 """Datasets: one Task subclass per dataset (data/task.py), and the input pipeline that reads them.
 
 `TASKS` is the one list of datasets, and its lines are where each dataset declares what the config check
-(experiments/schema.py) needs: whether an example is one image or a pair, and its ``dataset.*`` options.
+(experiments/config/schema.py) needs: whether an example is one image or a pair, and its ``dataset.*`` options.
 Nothing here imports TensorFlow, so the check reads them before TensorFlow starts; a Task's module is
 imported when the Task itself is first asked for, and takes its OPTIONS and ``SPEC.paired`` from its line.
 Adding a dataset: docs/adding-a-dataset.md.
@@ -21,7 +21,7 @@ class Dataset(Entry):
     `split=test`; None: it has none) and ``unit`` (the table column holding the unit its examples are drawn in,
     which a bootstrap resamples together, e.g. a patient's images; None: each example) and ``protocol`` (the
     protocol whose metrics an evaluation of a whole split adds, measured on each of its folds:
-    experiments/metrics.py `PROTOCOLS`; None: none)."""
+    experiments/evaluation/metrics.py `PROTOCOLS`; None: none)."""
 
     task: str = None
     test: str = None

@@ -24,15 +24,15 @@ import pandas as pd
 import tensorflow as tf
 from sklearn.model_selection import GroupShuffleSplit
 
-from tf_harness.data.integrity import pickle_cache
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.folders import is_folder
+from tf_harness.data.integrity import pickle_cache
 from tf_harness.data.integrity.cache_folder import cache_home
-from tf_harness.data.samples.chest_xray import make_sample
 from tf_harness.data.integrity.skipped import SkipLog
+from tf_harness.data.integrity.text_files import read_text, unreadable
+from tf_harness.data.samples.chest_xray import make_sample
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
-from tf_harness.data.integrity.text_files import read_text, unreadable
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import pandas as pd
 import tensorflow as tf
 from tqdm import tqdm
 
-from tf_harness.data.integrity import pickle_cache, reading
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.folders import is_folder
+from tf_harness.data.integrity import pickle_cache, reading
 from tf_harness.data.integrity.cache_folder import cache_home
 from tf_harness.data.samples.imagenet_det import make_sample
 from tf_harness.data.spec import DatasetSpec

@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_harness.data import caching, service
-from tf_harness.data.integrity import unreadable
 from tf_harness.data.image_table import ImageTableRecords, image_table
+from tf_harness.data.integrity import unreadable
 from tf_harness.data.sources import SampledRecords, TableRecords
 from tf_harness.data.tfrecords import TFRecordSettings
 from tf_harness.data.tfrecords.reader import TFRecordRecords

@@ -23,11 +23,11 @@ from sklearn.metrics import roc_curve
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.folders import is_folder
 from tf_harness.data.image_table import stateless_uniforms
+from tf_harness.data.integrity import reading
+from tf_harness.data.integrity.text_files import read_text
 from tf_harness.data.samples.lfw_pairs import make_sample
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
-from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.text_files import read_text
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ class LfwPairs(Task):
         """LFW's protocol accuracy: with several folds, each fold's accuracy at the threshold chosen on the other
         folds, their mean and standard deviation as `ten_fold_accuracy_mean`/`_std` (ddof=1, as the LFW README
         defines it). The verification rates (`eer`, `tar_at_far_*`) are the protocol's declared metrics
-        (experiments/metrics.py `PROTOCOLS`)."""
+        (experiments/evaluation/metrics.py `PROTOCOLS`)."""
         folds, labels, scores = table.fold.to_numpy(), table.label.to_numpy(), np.asarray(scores).reshape(-1)
         if len(np.unique(folds)) < 2:
             return {}

@@ -1,7 +1,7 @@
 """Config names mapped to the objects that define them, and what each declares, in one line per name.
 
 A `Registry` maps a config name (dataset=..., model=...) to an `Entry`: the ``"module:attribute"`` path of
-its object, imported on first access, and what the config check (experiments/schema.py) needs before
+its object, imported on first access, and what the config check (experiments/config/schema.py) needs before
 TensorFlow starts: what an example is (`inputs`) and the config keys the object reads (`options`). The
 entry is where those are written: a Task class takes its own from it (`Registry.declaring`), and a model
 family's module imports its entry.

@@ -26,7 +26,7 @@ import tensorflow as tf
 from tf_harness.data.errors import ConfigError
 
 log = logging.getLogger(__name__)
-# grpc://host:port, the host a name, an IPv4 address or a bracketed IPv6 one. experiments/schema.py checks
+# grpc://host:port, the host a name, an IPv4 address or a bracketed IPv6 one. experiments/config/schema.py checks
 # pipeline.service against the same pattern before TensorFlow starts.
 ADDRESS = re.compile(r"grpc://(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 _CONNECT_SECONDS = 5

@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 
 from tf_harness.data.errors import ConfigError, DatasetError
-from tf_harness.data.samples import sample_root
 from tf_harness.data.integrity.verification import check_files
+from tf_harness.data.samples import sample_root
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ class Task:
     The dataset's default model is its conf/dataset/<name>.yaml's ``override /model:``.
 
     OPTIONS and ``SPEC.paired`` are written in the dataset's line in ``TASKS`` (data/__init__.py), which the
-    config check (experiments/schema.py) reads before TensorFlow starts: a subclass that line names takes
+    config check (experiments/config/schema.py) reads before TensorFlow starts: a subclass that line names takes
     its OPTIONS from it, and writes none of its own; its ``DatasetSpec`` leaves ``paired`` out.
 
     Attributes:
@@ -86,7 +86,7 @@ class Task:
 
     def protocol_metrics(self, table, scores) -> dict:
         """Evaluation numbers the dataset's official protocol defines, from a whole split's scores, beyond the
-        metrics its line's ``protocol`` declares (experiments/metrics.py `PROTOCOLS`), which every split gets."""
+        metrics its line's ``protocol`` declares (experiments/evaluation/metrics.py `PROTOCOLS`), which every split gets."""
         return {}
 
     def seen_in_training(self, tables, split) -> dict | None:

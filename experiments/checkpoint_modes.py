@@ -9,10 +9,14 @@ from pathlib import Path
 
 from tf_harness.data import TASKS
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import export, heatmaps, recipes, sections, strategies, xla_cache
+from tf_harness.experiments import sections
+from tf_harness.experiments.config import strategies
+from tf_harness.experiments.evaluation import heatmaps
 from tf_harness.experiments.run_dir import interrupts
 from tf_harness.experiments.run_dir.directory import claim
+from tf_harness.experiments.serving import export
 from tf_harness.experiments.startup import StartupClock
+from tf_harness.experiments.training import recipes, xla_cache
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +71,7 @@ class CheckpointModes:
     """Restores a recorded checkpoint, then evaluates, predicts or exports it."""
 
     def __init__(self, settings, task, trainer, evaluator, run_dir, tables, actions=()):
-        """`actions` (experiments/actions.py): their `after_evaluation` follows an evaluation of the validation
+        """`actions` (experiments/training/actions.py): their `after_evaluation` follows an evaluation of the validation
         split."""
         self.settings, self.task, self.spec, self.trainer = settings, task, task.SPEC, trainer
         self.evaluator, self.run_dir, self.tables, self.actions = evaluator, run_dir, tables, list(actions)

@@ -1,7 +1,7 @@
 """What the command lines (run.py, the TFRecord converter) share around their Hydra mains: the exit statuses,
 0 success, 2 bad config or usage, 130/143 interrupted by SIGINT/SIGTERM, 1 anything else, and one line per failure.
 
-Nothing here imports TensorFlow: a config is checked against experiments/schema.py first, so a bad
+Nothing here imports TensorFlow: a config is checked against experiments/config/schema.py first, so a bad
 one is reported in about a second, before TensorFlow's start-up messages.
 """
 import logging
@@ -21,9 +21,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tf_harness.data.integrity import writing
-from tf_harness.experiments import schema, xla_cache
-from tf_harness.experiments.study import StudyUnreachable
+from tf_harness.experiments.config import schema
 from tf_harness.experiments.run_dir import interrupts, os_errors, reentry
+from tf_harness.experiments.sweeps.study import StudyUnreachable
+from tf_harness.experiments.training import xla_cache
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ _status = 0
 class Outcome(float):
     """A job's outcome as `main` returns it: the headline validation metric (what a sweeper
     such as Optuna maximises; NaN when there is none, a failure included), with the job's exit status and
-    error line (experiments/sweep_report.py)."""
+    error line (experiments/sweeps/sweep_report.py)."""
 
     def __new__(cls, metric=None, status=0, error=None, ran=True, metrics=None):
         outcome = super().__new__(cls, float("nan") if metric is None else metric)
@@ -129,7 +130,7 @@ def note_status(status) -> None:
     _status = max(_status, status)
 
 
-# What prints the report of the sweep under way (experiments/sweep_report.py), given the interrupt's line or None.
+# What prints the report of the sweep under way (experiments/sweeps/sweep_report.py), given the interrupt's line or None.
 _sweep_report = None
 
 
@@ -176,7 +177,7 @@ def job(task, cfg, actions=()) -> Outcome:
     `run` and the TFRecord converter share: resolves the config the job runs (a re-entered run directory's saved
     one: experiments/run_dir/reentry.py), reads what Hydra says about the job once (settings.Job), and runs
     `task(settings, job, actions)` `guarded`."""
-    from tf_harness.experiments.settings import Job
+    from tf_harness.experiments.config.settings import Job
 
     cfg, problem = reentry.resolve_config(cfg)
     return guarded(task, cfg, problem, Job.from_hydra(), actions)
@@ -257,14 +258,14 @@ def guarded(task, cfg, problem, job, actions=()) -> Outcome:
     would add its own lines, and so that one failed job of a sweep does not stop
     the others. `task` should import TensorFlow itself, so that it starts only
     once the config has passed, and return None or (the headline validation metric or None, the final metrics as a
-    dict). Returns the job's Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweep_report.py).
+    dict). Returns the job's Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweeps/sweep_report.py).
     """
     startup.job_started()
     interrupts.started()  # a signal held since a sweep's previous job ended stops the sweep here
     problem = problem or schema.first_problem(cfg, os.environ)
     if problem:
         return _failed(f"config error: {problem}", 2, job)
-    from tf_harness.experiments.settings import Settings
+    from tf_harness.experiments.config.settings import Settings
     settings = Settings.from_config(cfg)  # the one reading of the config: below this, plain values
     if settings.trainer.jit_compile is not False:
         # XLA's compiled programs are kept for the next run of the same shapes; TensorFlow reads where as it starts.
@@ -277,7 +278,7 @@ def guarded(task, cfg, problem, job, actions=()) -> Outcome:
     from tf_harness.data.integrity.resources import OutOfResource
     from tf_harness.experiments.run_dir.blocking import Stalled
     from tf_harness.experiments.run_dir.checkpoints import UnrestorableError
-    from tf_harness.experiments.trainer import NonFiniteLossError
+    from tf_harness.experiments.training.trainer import NonFiniteLossError
 
     try:
         result = task(settings, job, actions)
@@ -376,11 +377,11 @@ def exit_code(main) -> int:
 
 class SweepCallback(Callback):
     """The Hydra callback of every run and sweep (conf/hydra/default.yaml): reads what the sweep report
-    (experiments/sweep_report.py) needs of each job's and the sweep's config, hands it over as plain values, and
+    (experiments/sweeps/sweep_report.py) needs of each job's and the sweep's config, hands it over as plain values, and
     notes the sweep's exit status."""
 
     def __init__(self):
-        from tf_harness.experiments.sweep_report import SweepReport
+        from tf_harness.experiments.sweeps.sweep_report import SweepReport
         self.report = SweepReport()
 
     def on_job_start(self, config, **kwargs) -> None:
@@ -410,7 +411,7 @@ def _job_of(config):
     """The sweep report's Job of a job's config."""
     from hydra.types import RunMode
 
-    from tf_harness.experiments.sweep_report import Job
+    from tf_harness.experiments.sweeps.sweep_report import Job
     direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
     return Job(run_dir=Path(config.hydra.runtime.output_dir), multirun=config.hydra.mode == RunMode.MULTIRUN,
                num=OmegaConf.select(config, "hydra.job.num", default=None),
@@ -424,7 +425,7 @@ def _job_of(config):
 def _sweep_of(config):
     """The sweep report's Sweep of a sweep's config: with the stored study of the harness's Optuna sweeper
     (hparams_search=optuna) where it has a storage."""
-    from tf_harness.experiments.sweep_report import StoredStudy, Sweep
+    from tf_harness.experiments.sweeps.sweep_report import StoredStudy, Sweep
     storage = OmegaConf.select(config, "hydra.sweeper.storage", default=None)
     study = None
     if str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(".StudySweeper") \
@@ -432,7 +433,7 @@ def _sweep_of(config):
         direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
         study = StoredStudy(storage, str(OmegaConf.select(config, "hydra.sweeper.study_name")),
                             str(getattr(direction, "name", direction)))
-    from tf_harness.experiments.sweep_folder import sweeper_of
+    from tf_harness.experiments.sweeps.sweep_folder import sweeper_of
     sweeper = OmegaConf.select(config, "hydra.sweeper", default=None)
     return Sweep(dir=Path(os.path.abspath(config.hydra.sweep.dir)),
                  overrides=tuple(OmegaConf.select(config, "hydra.overrides.task", default=None) or ()), study=study,

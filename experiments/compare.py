@@ -6,11 +6,11 @@ scores both on the examples they share, which must be the same: the same dataset
 refuses in one line, exit 2. An example is matched by what it is in its dataset (its image paths below the folder
 that holds them all, its fold, unit and labels), in any order, so the same examples predicted under another root
 (another machine's mount, another HARNESS_CACHE) compare. Rows without a score in either run (a damaged file) are
-left out of both. For each metric of experiments/metrics.py `scored` (a protocol's too, such as LFW's `eer`,
+left out of both. For each metric of experiments/evaluation/metrics.py `scored` (a protocol's too, such as LFW's `eer`,
 when every example was scored by both; none for a metric undefined in both, the header says why) it prints A,
 B, B - A, the difference's interval and a two-sided p-value: from a paired bootstrap that resamples the
 dataset's unit (its patients for chest X-rays; an example otherwise) for both runs at once
-(experiments/intervals.py), or, for a binary task's `auc`, from DeLong's test.
+(experiments/evaluation/intervals.py), or, for a binary task's `auc`, from DeLong's test.
 """
 import argparse
 import os
@@ -23,9 +23,9 @@ from omegaconf import OmegaConf
 
 from tf_harness.data import TASKS
 from tf_harness.data.integrity import reading
-from tf_harness.experiments import intervals, metrics
-from tf_harness.experiments.config_keys import MIN_RESAMPLES
-from tf_harness.experiments.evaluation import predictions_file
+from tf_harness.experiments.config.config_keys import MIN_RESAMPLES
+from tf_harness.experiments.evaluation import intervals, metrics
+from tf_harness.experiments.evaluator import predictions_file
 
 SAVED = Path(".hydra") / "config.yaml"
 
@@ -47,7 +47,7 @@ def _parser():
 
 
 def read_run(run_dir: Path, split: str):
-    """(dataset name, predictions) of a run directory's predictions of `split` (experiments/evaluation.py
+    """(dataset name, predictions) of a run directory's predictions of `split` (experiments/evaluator.py
     `predictions_file`: predictions.csv, or predictions_<split>.csv)."""
     saved = run_dir / SAVED
     try:

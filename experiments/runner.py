@@ -19,20 +19,23 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tf_harness.data import service
 from tf_harness.data.input_fn import input_fn
 from tf_harness.data.integrity import unreadable
-from tf_harness.experiments import (actions, checkpoint_modes, pruning, recipes, review, sections, sidecar,
-                                    strategies, warm_start, xla_cache)
+from tf_harness.experiments import checkpoint_modes, sections, sidecar
+from tf_harness.experiments.config import strategies
+from tf_harness.experiments.config.settings import Job, Settings
+from tf_harness.experiments.evaluation import review
 from tf_harness.experiments.run_dir import blocking, interrupts
 from tf_harness.experiments.run_dir.directory import RunDirectory, claim
-from tf_harness.experiments.settings import Job, Settings
 from tf_harness.experiments.startup import StartupClock
-from tf_harness.experiments.trainer import loop_length
+from tf_harness.experiments.sweeps import pruning, study
+from tf_harness.experiments.training import actions, recipes, warm_start, xla_cache
+from tf_harness.experiments.training.trainer import loop_length
 
 log = logging.getLogger(__name__)
 
 
 def run(settings: Settings, job: Job, actions=()):
     """Runs one job with `settings`, the config read once the schema passed it (experiments/cli.py `guarded`), in
-    its role's main. `job.run_dir`, the run directory, is the model_dir; `actions` (experiments/actions.py) are
+    its role's main. `job.run_dir`, the run directory, is the model_dir; `actions` (experiments/training/actions.py) are
     called after the mode's own. Returns (the job's objective, the last evaluation's metrics with the global step;
     empty but for it when the mode does not evaluate). The objective is the last evaluation's headline metric
     (None when the mode does not evaluate), or with trainer.objective=best the best value of trainer.best_metric,
@@ -77,7 +80,7 @@ def train(settings: Settings, job: Job, actions=()):
     summaries = sections.summaries(settings, task, job, model_dir, ("train", "validation") if writes else (), writes)
     controller = Controller(settings, task, pipeline, trainer, summaries, run_dir, tables, skipped, clock,
                             context=strategies.input_context(strategy), writes=writes, extra_actions=actions,
-                            trial=job.trial)
+                            trial=study.job_trial(job.trial))
 
     # Restore: 1. the run's own newest restorable checkpoint, 2. trainer.init_checkpoint, 3. scratch ------------
     iterator, manager = controller.resume()
@@ -91,14 +94,14 @@ def train(settings: Settings, job: Job, actions=()):
 
 class Controller:
     """Trains to the step budget from the resume point, evaluating on an interval and checkpointing, with the
-    actions (experiments/actions.py) after each loop and each evaluation."""
+    actions (experiments/training/actions.py) after each loop and each evaluation."""
 
     def __init__(self, settings, task, pipeline, trainer, summaries, run_dir: RunDirectory, tables, skipped, clock,
                  context=None, writes=True, extra_actions=(), trial=None):
         """`skipped`: the run's SkipLog, which grows by the image files that fail to decode mid-run;
         `context`: this worker's tf.distribute.InputContext for training input; `clock`: the start-up clock,
         whose line `train` logs after its first loop; `writes`: whether this process writes the trainer's files
-        (skipped.csv, train/): the chief; `extra_actions`: actions (experiments/actions.py) called after the
+        (skipped.csv, train/): the chief; `extra_actions`: actions (experiments/training/actions.py) called after the
         run's own; `trial`: the job's study.JobTrial, which the evaluations are reported to (sweep.pruner)."""
         self.settings, self.trainer_settings = settings, settings.trainer
         self.task, self.spec, self.pipeline, self.trainer = task, task.SPEC, pipeline, trainer
@@ -122,7 +125,7 @@ class Controller:
                         context=self.context, model_dir=self.model_dir)
 
     def resume(self):
-        """The training iterator and checkpoint manager, restored by the resume policy (experiments/warm_start.py):
+        """The training iterator and checkpoint manager, restored by the resume policy (experiments/training/warm_start.py):
         1. the run's own checkpoint, its newest restorable one: all it holds is restored;
         2. else trainer.init_checkpoint: the model variables matching by name and shape; optimizer fresh, step 0;
         3. else scratch: the model as built (model.pretrained's weights where set).
@@ -144,7 +147,7 @@ class Controller:
 
     def evaluate(self):
         """Evaluates the trainer's weights, then calls the actions' `after_evaluation` (the best checkpoint, early
-        stopping and pruning count it: experiments/recipes.py, experiments/pruning.py); returns its metrics."""
+        stopping and pruning count it: experiments/training/recipes.py, experiments/sweeps/pruning.py); returns its metrics."""
         values = self.evaluator.evaluate()
         self._call("after_evaluation", self.trainer.step, values)
         return values

@@ -18,10 +18,11 @@ from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
-from tf_harness.experiments import class_weights, strategies
-from tf_harness.experiments.evaluation import Evaluator
+from tf_harness.experiments.config import strategies
+from tf_harness.experiments.evaluator import Evaluator
 from tf_harness.experiments.summaries import Summaries
-from tf_harness.experiments.trainer import Trainer
+from tf_harness.experiments.training import class_weights
+from tf_harness.experiments.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 _POLICIES = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
@@ -40,7 +41,7 @@ def fresh_state(settings) -> None:
 
 def precision(settings, strategy) -> str:
     """Checks that pipeline.batch_size divides across `strategy`'s replicas (ConfigError), and sets the Keras
-    policy of pipeline.dtype (float32 variables, logits and loss: experiments/trainer.py); returns the policy."""
+    policy of pipeline.dtype (float32 variables, logits and loss: experiments/training/trainer.py); returns the policy."""
     replicas = strategy.num_replicas_in_sync
     if settings.pipeline.batch_size % replicas:
         raise ConfigError(f"pipeline.batch_size={settings.pipeline.batch_size} does not divide across {replicas} "
@@ -130,7 +131,7 @@ class UnreadableFiles:
 def evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable,
               beside=False) -> Evaluator:
     """The run's Evaluator, reading each split's evaluation pipeline through data/input_fn.py; `beside`: this is
-    the sidecar evaluator (experiments/evaluation.py says what each writes)."""
+    the sidecar evaluator (experiments/evaluator.py says what each writes)."""
     def eval_input(split, rows=None):
         return input_fn(task, tables[split], pipeline, split=split, training=False, model_dir=run_dir.model_dir,
                         rows=rows)

@@ -34,11 +34,13 @@ from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.integrity import writing
-from tf_harness.experiments import recipes, sections, strategies
+from tf_harness.experiments import sections
+from tf_harness.experiments.config import strategies
+from tf_harness.experiments.config.schema import SIDECAR_MODE
 from tf_harness.experiments.run_dir import interrupts, reentry, run_lock
 from tf_harness.experiments.run_dir.directory import claim
-from tf_harness.experiments.schema import SIDECAR_MODE
 from tf_harness.experiments.startup import StartupClock
+from tf_harness.experiments.training import recipes
 
 log = logging.getLogger(__name__)
 MODE = SIDECAR_MODE
@@ -112,7 +114,7 @@ def start(settings, model_dir) -> None:
 def evaluate_each(settings, checkpoint_dir, trainer, evaluator) -> None:
     """Restores each new checkpoint in `checkpoint_dir` into `trainer` and evaluates it with `evaluator`, until
     the final step or trainer.eval_timeout (the module's docstring); logs why it stopped."""
-    from tf_harness.experiments.summaries import evaluated_step
+    from tf_harness.experiments.evaluation.metrics_history import evaluated_step
 
     if settings.mode != MODE:
         log.info("TF_CONFIG's task is the evaluator: mode=%s, beside the cluster's workers", MODE)
@@ -256,7 +258,7 @@ class StoppedEarly:
         self.path, self.seen, self.step = Path(checkpoint_dir).parent / "metrics.json", None, None
 
     def __call__(self):
-        from tf_harness.experiments.summaries import evaluated_record
+        from tf_harness.experiments.evaluation.metrics_history import evaluated_record
 
         try:
             stat = self.path.stat()

@@ -1,18 +1,13 @@
-"""What a run leaves for review: TensorBoard scalars, the HParams record and metrics.json."""
-import json
-import logging
+"""What a run leaves for TensorBoard: scalars, review images, heatmaps and the HParams record (metrics.json:
+experiments/evaluation/metrics_history.py)."""
 import math
 import os
 
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
-from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.writing import replacing
-from tf_harness.experiments import hparams as hparams_record
-from tf_harness.experiments import review
-
-log = logging.getLogger(__name__)
+from tf_harness.experiments.evaluation import review
+from tf_harness.experiments.sweeps import hparams as hparams_record
 
 
 def file_writer(logdir: str):
@@ -44,13 +39,13 @@ class Summaries:
         self.writers[split].flush()
 
     def inputs(self, features, labels, spec, step):
-        """A few training inputs as the model sees them (experiments/review.py), under train/."""
+        """A few training inputs as the model sees them (experiments/evaluation/review.py), under train/."""
         with self.writers["train"].as_default(step=step):
             review.write_inputs(features, labels, spec, step)
         self.writers["train"].flush()
 
     def evaluation(self, spec, labels, probabilities, step):
-        """An evaluation's PR curves or confusion matrix (experiments/review.py), under validation/."""
+        """An evaluation's PR curves or confusion matrix (experiments/evaluation/review.py), under validation/."""
         if self.enabled:
             with self.writers["validation"].as_default(step=step):
                 review.write_evaluation(spec, labels, probabilities, step)
@@ -68,7 +63,7 @@ class Summaries:
             self.writers["validation"].flush()
 
     def hparams(self, settings, spec, job):
-        """Records the run's hyper-parameters for TensorBoard's HParams dashboard (experiments/hparams.py), once
+        """Records the run's hyper-parameters for TensorBoard's HParams dashboard (experiments/sweeps/hparams.py), once
         per run directory: a re-entry (resume, evaluate, predict) runs the saved config, already recorded. `spec`:
         the dataset's DatasetSpec."""
         if not self.enabled or hparams_record.has_record(self.model_dir):
@@ -81,37 +76,3 @@ class Summaries:
             tf.summary.experimental.write_raw_pb(config.SerializeToString(), step=0)
             # `<job number> · <sweep folder>` or the run folder's name: short, and repeated sweeps stay apart.
             hparams_api.hparams(values, trial_id=hparams_record.trial_id(self.model_dir, job))
-
-
-def evaluated_step(model_dir):
-    """The global step of the evaluation metrics.json holds; None when there is none yet, or when the file cannot be
-    read (logged: the evaluation is redone, and the file written again)."""
-    record = evaluated_record(model_dir)
-    return None if record is None else record["global_step"]
-
-
-def evaluated_record(model_dir):
-    """The evaluation metrics.json holds, with its int `global_step`; None as for `evaluated_step`."""
-    path = os.path.join(model_dir, "metrics.json")
-    try:
-        values = json.loads(reading.read_text(path))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        problem = f"cannot be read ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
-    else:
-        step = values.get("global_step") if isinstance(values, dict) else None
-        if isinstance(step, int) and not isinstance(step, bool):
-            return values
-        problem = "holds no global_step"
-    log.warning("%s %s: taking it as no evaluation; the next one writes it again", path, problem)
-    return None
-
-
-def write_metrics(model_dir, values: dict, name="metrics.json"):
-    """Writes metrics.json (or `name` beside it: metrics_test.json, say) atomically, so a reader never sees half a
-    file. The temporary file is this process's own: a sidecar evaluator writes metrics.json beside the trainer."""
-    path = os.path.join(model_dir, name)
-    clean = {key: (None if isinstance(value, float) and math.isnan(value) else value) for key, value in values.items()}
-    with replacing(path) as f:
-        json.dump(clean, f, indent=2, sort_keys=True)

@@ -3,7 +3,7 @@ returns a keras.Model from float images to float32 logits, one per spec.class_na
 
 `BUILDERS` is the one list of models, and each model family is declared here once: its builder, what it takes
 (``inputs``), the ``model.*`` keys its builder reads (``options``) and the smallest images its network takes
-(``smallest``). Nothing here imports TensorFlow, so experiments/schema.py reads them before TensorFlow starts;
+(``smallest``). Nothing here imports TensorFlow, so experiments/config/schema.py reads them before TensorFlow starts;
 each family's module takes its INPUTS and OPTIONS from its declaration here.
 """
 from collections.abc import Callable

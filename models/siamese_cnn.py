@@ -34,7 +34,7 @@ def conv_stack(widths, name) -> keras.Sequential:
 
 def build(model_settings, spec: DatasetSpec, image_size) -> keras.Model:
     """A two-input model, (image_a, image_b) float images, returning one float32 logit per pair."""
-    merge = model_settings.merge  # embedding or pixel_difference, as experiments/schema.py allows
+    merge = model_settings.merge  # embedding or pixel_difference, as experiments/config/schema.py allows
     height, width = image_size
     image_a = keras.Input((height, width, spec.channels), name="image_a")
     image_b = keras.Input((height, width, spec.channels), name="image_b")

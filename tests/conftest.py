@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tf_harness.experiments.settings import Settings
+from tf_harness.experiments.config.settings import Settings
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF = PROJECT / "conf"
@@ -95,7 +95,7 @@ def convert_shards(cfg):
     """`python -m tf_harness.data.tfrecords` with a composed config, in this process; returns the manifest."""
     from tf_harness.data.tfrecords.layout import TFRecordSettings
     from tf_harness.data.tfrecords.writer import convert
-    from tf_harness.experiments.strategies import workers
+    from tf_harness.experiments.config.strategies import workers
     return convert(task_of(cfg), Settings.from_config(cfg).tfrecords(), int(cfg.seed), cfg.pipeline.verify_images,
                    cfg.dataset.max_skipped_fraction, workers()[0])
 

@@ -24,8 +24,8 @@ import numpy as np
 import yaml
 
 from tf_harness.data import TASKS
-from tf_harness.experiments import metrics
-from tf_harness.experiments.config_keys import DECLARED, MIN_RESAMPLES, MODES, RECIPES
+from tf_harness.experiments.config.config_keys import DECLARED, MIN_RESAMPLES, MODES, RECIPES
+from tf_harness.experiments.evaluation import metrics
 from tf_harness.models import BUILDERS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -1,5 +1,5 @@
 """A run called from Python (experiments/api.py), and actions added to the loop without touching the controller
-(experiments/actions.py): from a plain Python process, as a notebook or another tool would."""
+(experiments/training/actions.py): from a plain Python process, as a notebook or another tool would."""
 import json
 import os
 import subprocess
@@ -16,7 +16,7 @@ import json, sys
 from tf_harness.experiments import api
 
 light = "tensorflow" not in sys.modules and "hydra" not in sys.modules
-from tf_harness.experiments.actions import Action  # the loop's actions: with the trainer, TensorFlow
+from tf_harness.experiments.training.actions import Action  # the loop's actions: with the trainer, TensorFlow
 
 class Recorder(Action):
     def __init__(self):
@@ -108,7 +108,7 @@ def test_a_run_from_python_lets_go_of_its_run_directory_when_it_returns_or_raise
     """A notebook's api.run kept the run directory's lock until the Python process exited: a command-line
     mode=evaluate on the folder was refused "in use by pid" meanwhile."""
     from tf_harness.experiments import api
-    from tf_harness.experiments.actions import Action
+    from tf_harness.experiments.training.actions import Action
 
     run_dir = shared_runs.copy(*SHARED_SMOKE["lfw_pairs"], to=tmp_path / "run")
     api.run(["mode=evaluate"], run_dir=str(run_dir))

@@ -84,12 +84,12 @@ def test_the_config_reader_sees_hydra_config_too():
 
 def test_at_most_three_modules_read_the_raw_config():
     """The config becomes Settings, and what Hydra says about the job a settings.Job, at the top
-    (experiments/settings.py); the schema check and the re-entry comparison read it raw, before that. Every other
+    (experiments/config/settings.py); the schema check and the re-entry comparison read it raw, before that. Every other
     module, the command line's wrappers and the runner included, takes plain values."""
     readers = sorted(str(path.relative_to(PROJECT)) for path in _python_files()
                      if not str(path.relative_to(PROJECT)).startswith("benchmarks")
                      and _reads_the_config(ast.parse(path.read_text())))
-    assert len(readers) <= 3 and set(readers) <= {"experiments/settings.py", "experiments/schema.py",
+    assert len(readers) <= 3 and set(readers) <= {"experiments/config/settings.py", "experiments/config/schema.py",
                                                     "experiments/run_dir/reentry.py"}, readers
 
 
@@ -100,7 +100,7 @@ def test_importing_a_module_changes_no_global_state():
              "before = (dict(os.environ), list(warnings.filters), logging.raiseExceptions,\n"
              "          logging.getLogger('tensorflow').level)\n"
              "from omegaconf import OmegaConf\n"
-             "import tf_harness.experiments.cli, tf_harness.experiments.settings, tf_harness.experiments.schema\n"
+             "import tf_harness.experiments.cli, tf_harness.experiments.config.settings, tf_harness.experiments.config.schema\n"
              "after = (dict(os.environ), list(warnings.filters), logging.raiseExceptions,\n"
              "         logging.getLogger('tensorflow').level)\n"
              "assert before == after, [b == a for b, a in zip(before, after)]\n"
@@ -156,9 +156,9 @@ def test_no_module_uses_hydras_internals_or_rewrites_the_command_line():
 # The modules a run's whole Settings reaches: the entry points, the mains and their sections, the run directory's
 # claim, the HParams record (every key is a column) and the Trainer (model, pipeline and trainer groups at once).
 WHOLE_SETTINGS = {"data/tfrecords/__main__.py", "experiments/checkpoint_modes.py", "experiments/cli.py",
-                  "experiments/hparams.py", "experiments/run_dir/directory.py", "experiments/run_dir/input_record.py",
+                  "experiments/sweeps/hparams.py", "experiments/run_dir/directory.py", "experiments/run_dir/input_record.py",
                   "experiments/runner.py", "experiments/sections.py", "experiments/sidecar.py", "experiments/summaries.py",
-                  "experiments/trainer.py", "experiments/warm_start.py"}
+                  "experiments/training/trainer.py", "experiments/training/warm_start.py"}
 
 
 def test_a_component_receives_its_settings_group_not_the_whole_settings():
@@ -180,7 +180,7 @@ def test_a_component_receives_its_settings_group_not_the_whole_settings():
 # Where a reader enters each file of the documented path, and the file of the path that calls it there.
 _ENTRIES = {"run.py": ("compose_and_run", None), "experiments/runner.py": ("run", "run.py"),
             "data/input_fn.py": ("input_fn", "experiments/runner.py"),
-            "data/chest_xray.py": ("load", "data/input_fn.py"), "experiments/trainer.py": ("train_loop", "experiments/runner.py")}
+            "data/chest_xray.py": ("load", "data/input_fn.py"), "experiments/training/trainer.py": ("train_loop", "experiments/runner.py")}
 _TRACE = """
 import json, os, runpy, sys
 project, wanted = sys.argv[1], json.loads(sys.argv[2])
@@ -198,7 +198,7 @@ def profile(frame, event, arg):
         stack.append(os.path.relpath(caller.f_code.co_filename, project))
         caller = caller.f_back
     callers[path] = stack
-    if path == "experiments/trainer.py":  # the first step: what came before it is all this test asks
+    if path == "experiments/training/trainer.py":  # the first step: what came before it is all this test asks
         print(json.dumps(callers), flush=True)
         os._exit(0)
 
@@ -262,6 +262,6 @@ def test_the_documented_path_to_the_first_step_is_the_one_a_run_takes(tmp_path):
         assert nearest == caller, f"{entered}'s {function} was called from {nearest}, not {caller}"
     # At the first step, no file outside the path stands between the command and it, but wrappers a reader need
     # not open: cli.py's config check and exit status.
-    project_files = {path for path in callers["experiments/trainer.py"] if project_file(path)}
+    project_files = {path for path in callers["experiments/training/trainer.py"] if project_file(path)}
     assert project_files <= {"run.py", "experiments/cli.py", "experiments/runner.py", "experiments/progress.py"}, \
         project_files

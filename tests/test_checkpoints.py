@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.experiments.settings import Settings
+from tf_harness.experiments.config.settings import Settings
 from tf_harness.experiments.run_dir import checkpoints
 from tests.refusals import assert_error, assert_names, one_naming, raises_naming
 
@@ -241,7 +241,7 @@ def _plant_nan(run_dir, step):
     """Overwrites checkpoint `step` with the run's own model and optimizer, restored from it, one weight set to NaN."""
     from omegaconf import OmegaConf
 
-    from tf_harness.experiments.trainer import Trainer
+    from tf_harness.experiments.training.trainer import Trainer
     from tests.conftest import task_of
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     task = task_of(cfg)

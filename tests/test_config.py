@@ -56,7 +56,7 @@ def test_run_directories_land_under_outputs_and_are_unique():
 
 
 # ---------------------------------------------------------------------------------------------
-# The schema (experiments/schema.py): every key declared, every bad value one line, before TensorFlow
+# The schema (experiments/config/schema.py): every key declared, every bad value one line, before TensorFlow
 
 DATASETS = tuple(data.TASKS)
 
@@ -100,8 +100,8 @@ def _wrong_type(value):
 
 @pytest.mark.parametrize("overrides", COMBINATIONS, ids=" ".join)
 def test_every_leaf_key_is_declared_and_rejects_a_wrong_type(overrides):
-    """A key added to conf/ without its line in experiments/schema.py fails here."""
-    from tf_harness.experiments import schema
+    """A key added to conf/ without its line in experiments/config/schema.py fails here."""
+    from tf_harness.experiments.config import schema
 
     cfg = compose(*overrides)
     assert schema.problems(cfg, {}) == []
@@ -161,7 +161,7 @@ def test_every_leaf_key_is_declared_and_rejects_a_wrong_type(overrides):
      ("pipeline.image_size=8 ", "model=resnet_v2_50", "32x32")),
 ])
 def test_a_bad_value_is_one_line_naming_the_key_and_what_is_allowed(dataset, override, named):
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     problem = schema.first_problem(compose(f"dataset={dataset}", *override.split()), {})
     assert_names(problem, *named)
@@ -178,8 +178,8 @@ def test_a_bad_value_is_one_line_naming_the_key_and_what_is_allowed(dataset, ove
     ("imagenet_det", "model.filters", "[1,2]", "model.filters=[1,2] is not a list of 5 integers >= 1"),
 ])
 def test_a_bad_value_states_what_its_declaration_allows(dataset, key, value, line):
-    """The words after `is not` are the key's declared `allowed` text (experiments/config_keys.py)."""
-    from tf_harness.experiments import schema
+    """The words after `is not` are the key's declared `allowed` text (experiments/config/config_keys.py)."""
+    from tf_harness.experiments.config import schema
 
     declared = {**schema.KEYS, **schema.OPTION_KEYS}[key]
     problem = schema.first_problem(compose(f"dataset={dataset}", f"{key}={value}"), {})
@@ -187,7 +187,7 @@ def test_a_bad_value_states_what_its_declaration_allows(dataset, key, value, lin
 
 
 def test_good_values_pass():
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     for overrides in [("pipeline.image_size=[32,48]", "trainer.eval_steps=null", "pipeline.dtype=float16",
                        "trainer.learning_rate=1", "mode=predict", "trainer.profile_steps=[0,2]", "pipeline.cache=disk", "pipeline.source=tfrecord"),
@@ -210,7 +210,7 @@ def test_good_values_pass():
      ("TF_CONFIG", "2 workers", "strategy=auto", "strategy=multi_worker")),
 ])
 def test_a_malformed_tf_config_is_one_line(tf_config, named):
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     problem = schema.first_problem(compose("dataset=chest_xray"), {"TF_CONFIG": tf_config})
     assert_names(problem, *named)
@@ -218,7 +218,7 @@ def test_a_malformed_tf_config_is_one_line(tf_config, named):
 
 
 def test_a_good_tf_config_passes():
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     config = '{"cluster": {"chief": ["h:1"], "worker": ["h:2"]}, "task": {"type": "worker", "index": 0}}'
     assert schema.problems(compose("dataset=chest_xray", "strategy=multi_worker"), {"TF_CONFIG": config}) == []
@@ -228,7 +228,7 @@ def test_a_good_tf_config_passes():
 def test_the_schema_agrees_with_the_code_it_stands_in_for():
     """The schema is read before TensorFlow starts, so it repeats LFW's evaluation pair files' names."""
     from tf_harness.data import lfw_pairs
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     assert schema.OPTION_KEYS["dataset.eval_pairs"].allowed == f"one of {'|'.join(lfw_pairs.EVAL_PAIRS)}"
 
@@ -237,7 +237,7 @@ def test_the_schema_reads_each_dataset_and_model_from_its_code():
     """Names, keys and inputs come from the lines of TASKS and BUILDERS, read before TensorFlow starts: what the
     schema reads is what the imported Task classes and model family modules hold."""
     from importlib import import_module
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     assert schema.KEYS["dataset.name"].allowed == f"one of {'|'.join(data.TASKS)}"
     assert schema.KEYS["model.name"].allowed == f"one of {'|'.join(BUILDERS)}"
@@ -279,7 +279,7 @@ def _toy_registered(tmp_path, monkeypatch, registry, path, source, inputs="pair"
 
 
 def test_a_task_registered_only_in_tasks_is_known_to_the_schema(tmp_path, monkeypatch):
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     cfg = compose("dataset=lfw_pairs")
     cfg.dataset.name = "toy"
@@ -302,13 +302,13 @@ def test_a_task_registered_only_in_tasks_is_known_to_the_schema(tmp_path, monkey
 
 @pytest.mark.parametrize("inputs, typed, named", [
     # A new option needs its type in the schema.
-    ("pair", False, ("dataset.threshold=0.5", "experiments/config_keys.py")),
+    ("pair", False, ("dataset.threshold=0.5", "experiments/config/config_keys.py")),
     ("pair", True, ("model=semi_alexnet", "single", "dataset=toy", "pair")),
     # A line the schema cannot use is an error naming what to write.
     ("pairs", True, ("toy_", ":Toy", "inputs='pairs'", "single|pair")),
 ])
 def test_what_a_tasks_line_declares_is_what_the_schema_checks(tmp_path, monkeypatch, inputs, typed, named):
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     if typed:
         monkeypatch.setitem(schema.OPTION_KEYS, "dataset.threshold", schema.number(0, 1))
@@ -349,7 +349,7 @@ def test_a_task_takes_its_options_and_pairs_from_its_line_in_tasks(monkeypatch):
 
 
 def test_a_model_registered_only_in_builders_is_known_to_the_schema(tmp_path, monkeypatch):
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     cfg = compose("dataset=lfw_pairs")
     cfg.model = {"name": "toy", "inputs": "pair", "dropout": 0.5}
@@ -367,7 +367,7 @@ def test_checking_good_configs_imports_no_tensorflow():
     """The schema reads every Task and model family it checks against from their lines, never importing them."""
     code = ("import sys\n"
             "from tests.conftest import compose\n"
-            "from tf_harness.experiments import schema\n"
+            "from tf_harness.experiments.config import schema\n"
             "for model in schema.BUILDERS:\n"
             "    for dataset in schema.TASKS:\n"
             "        schema.problems(compose(f'dataset={dataset}', f'model={model}'), {})\n"
@@ -439,7 +439,7 @@ def test_a_bad_config_never_imports_tensorflow(tmp_path):
 
 
 def test_a_datasets_default_model_is_named_once_in_its_yaml_and_takes_its_examples():
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     for name, task in data.TASKS.items():
         defaults = OmegaConf.to_container(OmegaConf.load(CONF / "dataset" / f"{name}.yaml").defaults)
@@ -462,9 +462,9 @@ def test_the_schema_passes_an_image_size_exactly_when_the_model_builds_for_it(da
     size it would let through that Keras cannot build is a ConfigError naming the model's keys, never a traceback."""
     from tf_harness.data import TASKS
     from tf_harness.data.errors import ConfigError
-    from tf_harness.experiments import schema
-    from tf_harness.experiments.settings import Settings
-    from tf_harness.experiments.trainer import build_model
+    from tf_harness.experiments.config import schema
+    from tf_harness.experiments.config.settings import Settings
+    from tf_harness.experiments.training.trainer import build_model
 
     spec = TASKS[dataset].SPEC
     sizes = [smallest, [smallest, smallest + 5]]

@@ -13,7 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import schema, sidecar, strategies
+from tf_harness.experiments import sidecar
+from tf_harness.experiments.config import schema, strategies
 from tf_harness.experiments.run_dir import run_lock
 from tests.conftest import PROJECT, compose, event_tags, lock_holder, run_cli
 from tests.refusals import assert_names, one_naming, raises_naming
@@ -365,8 +366,9 @@ def test_the_sidecar_never_replaces_the_evaluation_of_a_later_step_in_metrics_js
     import tensorflow as tf
 
     from tf_harness.data.spec import DatasetSpec
-    from tf_harness.experiments.evaluation import Evaluator
-    from tf_harness.experiments.summaries import Summaries, evaluated_step, write_metrics
+    from tf_harness.experiments.evaluation.metrics_history import evaluated_step, write_metrics
+    from tf_harness.experiments.evaluator import Evaluator
+    from tf_harness.experiments.summaries import Summaries
 
     spec = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3)
     task = SimpleNamespace(SPEC=spec, protocol_metrics=lambda table, probabilities: {},

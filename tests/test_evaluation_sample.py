@@ -8,10 +8,10 @@ import tensorflow as tf
 
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP
 from tf_harness.data.input_fn import input_fn
-from tf_harness.experiments.evaluation import Evaluator
-from tf_harness.experiments.settings import Settings
+from tf_harness.experiments.config.settings import Settings
+from tf_harness.experiments.evaluator import Evaluator
 from tf_harness.experiments.summaries import Summaries
-from tf_harness.experiments.trainer import Trainer
+from tf_harness.experiments.training.trainer import Trainer
 from tests.conftest import compose, run_cli, tables_of, task_of
 
 # A tiny LFW run. The dev_test pairs (the validation split) come ordered by class: the first 100 are same-person

@@ -27,12 +27,13 @@ from PIL import Image
 from tests.conftest import REAL, compose, require_real_fixtures, run_cli, task_of
 from tests.matrix import BOUNDS, TOLERANCE
 from tests.refusals import assert_names, one_naming, raises_naming
-from tf_harness.experiments.settings import Settings
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import export, metrics
-from tf_harness.experiments.run_dir.directory import RunDirectory
 from tf_harness.experiments.checkpoint_modes import CheckpointModes
-from tf_harness.experiments.trainer import Trainer
+from tf_harness.experiments.config.settings import Settings
+from tf_harness.experiments.evaluation import metrics
+from tf_harness.experiments.run_dir.directory import RunDirectory
+from tf_harness.experiments.serving import export
+from tf_harness.experiments.training.trainer import Trainer
 
 # A tiny model per dataset, at the smoke experiment's 32px; every decode setting differs between them.
 TINY = {
@@ -134,7 +135,7 @@ def test_an_export_is_written_once_and_a_killed_exports_staging_folder_removed(o
     kernel.assign(tf.zeros_like(kernel))  # the export holds the checkpoint's weights, not these
     leftover = tmp_path / "export" / ".3.staging-999999"
     (leftover / "variables").mkdir(parents=True)
-    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.export"):
+    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.serving.export"):
         target = export_run(task, trainer, tmp_path)
     assert target == tmp_path / "export" / "3" and (target / "saved_model.pb").is_file()
     assert sorted(path.name for path in target.parent.iterdir()) == ["3"]
@@ -146,7 +147,7 @@ def test_an_export_is_written_once_and_a_killed_exports_staging_folder_removed(o
     assert "signature serving_default takes image_bytes" in caplog.text
     before = {path: path.stat().st_mtime_ns for path in target.rglob("*")}
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.export"):
+    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.serving.export"):
         assert export_run(task, trainer, tmp_path) == target
     assert_names(one_naming(caplog.messages, target, "already"), "global step 3")
     assert {path: path.stat().st_mtime_ns for path in target.rglob("*")} == before
@@ -256,7 +257,7 @@ def test_an_export_records_its_checkpoint_and_one_of_another_checkpoint_is_refus
     for path in aside.iterdir():
         path.rename(checkpoints / path.name)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.export"):
+    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.serving.export"):
         assert export_run(task, trainer, tmp_path) == target
     assert_names(one_naming(caplog.messages, target, "already"), "global step 2")
     assert snapshot(target.parent) == before
@@ -287,10 +288,10 @@ def test_an_export_whose_own_records_were_damaged_is_kept_with_a_warning_for_eac
             path.write_bytes(b"" if damage == "empty" else bytes(range(256)) * 4)
     before = snapshot(target.parent)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.export"):
+    with caplog.at_level(logging.INFO, logger="tf_harness.experiments.serving.export"):
         assert export_run(task, trainer, tmp_path) == target
     warnings = [record.getMessage() for record in caplog.records
-                if record.levelno == logging.WARNING and record.name == "tf_harness.experiments.export"]
+                if record.levelno == logging.WARNING and record.name == "tf_harness.experiments.serving.export"]
     assert len(warnings) == 2, warnings
     for warning, damaged in zip(warnings, ("assets.extra/checkpoint.json", "fingerprint.pb"), strict=True):
         assert_names(warning, f"{target} ", damaged, tmp_path / "checkpoints" / "ckpt-2", "kept")

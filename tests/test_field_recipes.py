@@ -10,8 +10,10 @@ import tensorflow as tf
 from tf_harness.data import losses
 from tf_harness.data.errors import DatasetError
 from tf_harness.data.preprocessing import Preprocessing, random_resized_crop
-from tf_harness.experiments import class_weights, heatmaps, schema
-from tf_harness.experiments.settings import Settings
+from tf_harness.experiments.config import schema
+from tf_harness.experiments.config.settings import Settings
+from tf_harness.experiments.evaluation import heatmaps
+from tf_harness.experiments.training import class_weights
 from tests.conftest import compose, event_tags, run_cli, task_of
 from tests.refusals import assert_config_error, raises_naming
 

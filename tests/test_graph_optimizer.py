@@ -2,7 +2,7 @@
 not leak into the next job of the same process, and a bad value is one line."""
 import tensorflow as tf
 
-from tf_harness.experiments import graph_optimizer, schema
+from tf_harness.experiments.config import graph_optimizer, schema
 from tests.conftest import compose
 from tests.test_training_loop import make_trainer
 

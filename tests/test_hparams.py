@@ -23,7 +23,7 @@ SINGLE = OmegaConf.create({"mode": RunMode.RUN, "runtime": {"choices": {}, "outp
 
 def record(run_dir, cfg, hydra_cfg):
     from tf_harness.data import TASKS
-    from tf_harness.experiments.settings import Job, Settings
+    from tf_harness.experiments.config.settings import Job, Settings
     from tf_harness.experiments.summaries import Summaries
     Summaries(str(run_dir)).hparams(Settings.from_config(cfg), TASKS[cfg.dataset.name].SPEC, Job.from_hydra(hydra_cfg))
     accumulator, _ = event_tags(run_dir)
@@ -114,10 +114,10 @@ def test_a_run_declares_only_the_metrics_its_dataset_writes(tmp_path, dataset, o
 
 @pytest.mark.parametrize("dataset", ["chest_xray", "lfw_pairs", "imagenet_det"])
 def test_the_declared_metrics_are_those_every_evaluation_writes_headline_first(dataset):
-    """The columns follow experiments/metrics.py: each one is in every evaluation's values, the first is the
+    """The columns follow experiments/evaluation/metrics.py: each one is in every evaluation's values, the first is the
     headline metric (what a sweep compares)."""
     from tf_harness.data import TASKS
-    from tf_harness.experiments import metrics
+    from tf_harness.experiments.evaluation import metrics
     spec = TASKS[dataset].SPEC
     rng = np.random.default_rng(0)
     classes = len(spec.class_names)
@@ -138,7 +138,7 @@ def test_a_sweep_over_datasets_declares_each_swept_dataset_s_metrics_own_first(t
 
 def test_a_job_s_end_is_its_session_status_and_exit_status_and_the_last_job_s_counts(tmp_path):
     """The dashboard reads a run's first session-end record: a later job's replaces the earlier one's."""
-    from tf_harness.experiments.hparams import EXIT_STATUS, SESSION_END, mark_session
+    from tf_harness.experiments.sweeps.hparams import EXIT_STATUS, SESSION_END, mark_session
     run_dir = tmp_path / "run"
     record(run_dir, compose("dataset=lfw_pairs"), SINGLE)
     (run_dir / "metrics.json").write_text('{"global_step": 4}')
@@ -152,7 +152,7 @@ def test_a_job_s_end_is_its_session_status_and_exit_status_and_the_last_job_s_co
         assert len(list(run_dir.glob(f"events.out.tfevents.*{SESSION_END}"))) == 1
     assert not list(run_dir.glob(".*partial"))
     # The session-end file alone is no HParams record: a re-entry writes a deleted record again.
-    from tf_harness.experiments.hparams import has_record
+    from tf_harness.experiments.sweeps.hparams import has_record
     assert has_record(run_dir)
     for path in run_dir.glob("events.out.tfevents.*"):
         if not path.name.endswith(SESSION_END):

@@ -11,9 +11,9 @@ from PIL import Image
 
 from tf_harness.data import imagenet_det
 from tf_harness.data.images import Decode
-from tf_harness.data.samples import imagenet_det as sample
 from tf_harness.data.integrity.skipped import SkipLog
-from tf_harness.experiments.schema import first_problem
+from tf_harness.data.samples import imagenet_det as sample
+from tf_harness.experiments.config.schema import first_problem
 from tests.conftest import REAL, compose, event_tags, require_real_fixtures, run_cli
 
 REAL_MAP_DET = REAL / "ilsvrc_det" / "map_det.txt"

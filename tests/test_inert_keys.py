@@ -3,7 +3,7 @@ choice of another alone (trainer.momentum with trainer.optimizer=sgd, ...), set 
 choice is not made; a step the run never reaches (a cosine warm-up's end, a profile's start)."""
 import pytest
 
-from tf_harness.experiments import schema
+from tf_harness.experiments.config import schema
 from tests.conftest import compose
 
 

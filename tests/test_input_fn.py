@@ -4,8 +4,8 @@ import pytest
 import tensorflow as tf
 
 from tf_harness.data.input_fn import Pipeline
-from tf_harness.experiments.settings import Settings
-from tf_harness.experiments.trainer import Trainer
+from tf_harness.experiments.config.settings import Settings
+from tf_harness.experiments.training.trainer import Trainer
 from tests.conftest import compose, make_input, tables_of
 
 OVERRIDES = ("dataset=chest_xray", "model=resnet_v2_50", "pipeline.image_size=32", "pipeline.batch_size=8")

@@ -14,14 +14,14 @@ from PIL import Image
 from sklearn.metrics import accuracy_score
 
 from tf_harness.data import image_table, lfw_pairs
-from tf_harness.data.integrity import unreadable
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.image_table import ImageTableRecords
 from tf_harness.data.input_fn import record_source
-from tf_harness.data.sources import SampledRecords
-from tf_harness.data.samples.lfw_pairs import make_sample
+from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
-from tf_harness.experiments.schema import first_problem
+from tf_harness.data.samples.lfw_pairs import make_sample
+from tf_harness.data.sources import SampledRecords
+from tf_harness.experiments.config.schema import first_problem
 from tests.conftest import compose, make_input, run_cli, tables_of, task_of
 from tests.refusals import assert_config_error, raises_naming
 

@@ -15,9 +15,9 @@ from tests.refusals import raises_naming
 from tf_harness.data import TASKS
 from tf_harness.experiments import api
 from tf_harness.experiments import compare as compare_module
-from tf_harness.experiments import metrics
-from tf_harness.experiments.config_keys import MODES, RECIPES
-from tf_harness.experiments.evaluation import predicted_split
+from tf_harness.experiments.evaluation import metrics
+from tf_harness.experiments.config.config_keys import MODES, RECIPES
+from tf_harness.experiments.evaluator import predicted_split
 from tf_harness.models import BUILDERS
 
 CELLS = matrix.cells()

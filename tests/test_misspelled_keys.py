@@ -21,7 +21,7 @@ def test_a_misspelled_key_gets_did_you_mean(override, meant):
 def test_the_schema_suggests_a_dataset_option_of_the_chosen_dataset():
     from omegaconf import OmegaConf, open_dict
 
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     cfg = compose("dataset=lfw_pairs")
     with open_dict(cfg):
@@ -30,7 +30,7 @@ def test_the_schema_suggests_a_dataset_option_of_the_chosen_dataset():
 
 
 def test_a_key_near_none_still_lists_its_groups_keys():
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     line = schema.unknown_override("Could not override 'trainer.zzz'. To append to your config use +trainer.zzz=3 "
                                    "Key 'zzz' is not in struct")

@@ -1,5 +1,5 @@
 """Two of the one-place edits docs/architecture.md shows, made in a copy of the project and seen everywhere they
-reach: a metric is one declaration in experiments/metrics.py, a logged training number one entry in the dict
+reach: a metric is one declaration in experiments/evaluation/metrics.py, a logged training number one entry in the dict
 `Trainer.train_step` returns. (The third, a loss, is a Task's `loss`: tests/test_training_loop.py.)"""
 import json
 import math
@@ -44,8 +44,8 @@ def edited(tmp_path_factory):
     """The copy with both edits, its probe's output and its run directory."""
     base = tmp_path_factory.mktemp("edits")
     copy = _copy_project(base / "tf_harness")
-    for path, anchor, added in [("experiments/metrics.py", DECLARED, METRIC),
-                                ("experiments/trainer.py", MEASURED, MEASURED + LOGGED)]:
+    for path, anchor, added in [("experiments/evaluation/metrics.py", DECLARED, METRIC),
+                                ("experiments/training/trainer.py", MEASURED, MEASURED + LOGGED)]:
         text = (copy / path).read_text()
         assert text.count(anchor) == 1, f"{path} no longer holds the line this test edits: {anchor.strip()}"
         (copy / path).write_text(text.replace(anchor, added))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.experiments import optimizers
+from tf_harness.experiments.training import optimizers
 from tests.conftest import event_tags, run_cli
 
 

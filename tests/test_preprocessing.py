@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.experiments.settings import Settings
+from tf_harness.experiments.config.settings import Settings
 from tests.conftest import PROJECT, compose
 
 
@@ -68,10 +68,10 @@ def test_pairs_are_augmented_independently():
 
 REPLICAS = """
 import numpy as np, tensorflow as tf
-from tf_harness.experiments import strategies
+from tf_harness.experiments.config import strategies
 from tests.conftest import compose
 strategy = strategies.make_strategy(compose("strategy=mirrored").strategy)  # two logical CPUs
-from tf_harness.experiments.settings import Settings
+from tf_harness.experiments.config.settings import Settings
 preprocess = Settings.from_config(compose("dataset=imagenet_det")).preprocessing()
 images = tf.constant(np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), np.uint8))
 out = strategy.run(tf.function(lambda: preprocess(images, training=True, step=tf.constant(1, tf.int64))))

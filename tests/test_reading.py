@@ -108,7 +108,7 @@ def test_the_lock_file_a_named_pipe_is_one_line_not_an_os_error_22(tmp_path):
 
 
 def test_metrics_json_a_named_pipe_is_taken_as_no_evaluation(pipe, caplog):
-    from tf_harness.experiments.summaries import evaluated_step
+    from tf_harness.experiments.evaluation.metrics_history import evaluated_step
 
     with caplog.at_level(logging.WARNING):
         assert within(evaluated_step, pipe.parent) == ("value", None)
@@ -145,8 +145,8 @@ def test_a_cache_that_is_a_named_pipe_is_made_again(pipe):
 
 
 def test_the_input_record_and_best_json_named_pipes_read_as_none(tmp_path):
-    from tf_harness.experiments import recipes
     from tf_harness.experiments.run_dir import input_record
+    from tf_harness.experiments.training import recipes
 
     os.mkfifo(tmp_path / input_record.INPUT_RECORD)
     assert within(input_record._input_records, tmp_path) == ("value", [])
@@ -155,7 +155,7 @@ def test_the_input_record_and_best_json_named_pipes_read_as_none(tmp_path):
 
 
 def test_metrics_jsonl_a_named_pipe_is_refused_not_waited_on(tmp_path):
-    from tf_harness.experiments import metrics_history
+    from tf_harness.experiments.evaluation import metrics_history
 
     os.mkfifo(tmp_path / metrics_history.NAME)
     outcome, error = within(metrics_history.append, tmp_path, {"global_step": 1})
@@ -188,7 +188,7 @@ def test_compare_refuses_a_named_pipe_in_a_runs_place_in_one_line(tmp_path, name
 def test_a_pipe_or_folder_in_a_sweep_folders_record_or_lock_is_one_line_before_hydra_writes(tmp_path, capsys, name,
                                                                                              make, said):
     """A folder at .sweep-lock escaped the callback as an exception Hydra only warns of: the sweep ran unlocked."""
-    from tf_harness.experiments.sweep_folder import SweepFolder
+    from tf_harness.experiments.sweeps.sweep_folder import SweepFolder
 
     make(tmp_path / name)
     outcome, error = within(SweepFolder.claim, tmp_path, ["seed=1,2"])
@@ -201,7 +201,7 @@ def test_a_pipe_or_folder_in_a_sweep_folders_record_or_lock_is_one_line_before_h
 
 
 def test_the_pruned_note_leaves_a_named_pipe_in_place_of_metrics_json_unread(tmp_path):
-    from tf_harness.experiments.pruning import Pruning
+    from tf_harness.experiments.sweeps.pruning import Pruning
 
     os.mkfifo(tmp_path / "metrics.json")
     outcome, error = within(Pruning(None, None, None, tmp_path, True)._note, 3)
@@ -228,7 +228,7 @@ def test_no_module_of_the_project_reads_a_file_past_the_door():
 
 def test_a_named_pipe_in_place_of_a_sqlite_study_is_one_line(tmp_path):
     import optuna  # noqa: F401  imported before the bound, which is for the wait alone
-    from tf_harness.experiments import study
+    from tf_harness.experiments.sweeps import study
 
     os.mkfifo(tmp_path / "optuna.db")
     outcome, error = within(study.open_storage, f"sqlite:///{tmp_path / 'optuna.db'}")

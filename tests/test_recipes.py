@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.experiments import metrics_history
+from tf_harness.experiments.evaluation import metrics_history
 from tests.conftest import run_cli
 from tests.refusals import assert_config_error, assert_names
 from tests.test_training_loop import BATCH, make_trainer, pairs
@@ -133,11 +133,11 @@ def test_an_interrupted_evaluation_leaves_the_trained_weights_in_the_model():
 
 
 def test_evaluation_scores_the_averaged_weights(tmp_path):
-    from tf_harness.experiments.evaluation import Evaluator
+    from tf_harness.experiments.evaluator import Evaluator
     from tf_harness.experiments.summaries import Summaries
     from tests.conftest import compose, tables_of, task_of
     from tf_harness.data.input_fn import input_fn
-    from tf_harness.experiments.settings import Settings
+    from tf_harness.experiments.config.settings import Settings
 
     trainer = make_trainer("trainer.ema_decay=0.5")
     cfg = compose("dataset=lfw_pairs", "pipeline.image_size=48", f"pipeline.batch_size={BATCH}", "trainer.eval_steps=1")
@@ -164,7 +164,7 @@ def test_evaluation_scores_the_averaged_weights(tmp_path):
 
 
 def test_a_warm_start_from_an_ema_run_takes_the_averaged_weights_and_says_so(tmp_path, caplog):
-    from tf_harness.experiments import warm_start
+    from tf_harness.experiments.training import warm_start
 
     source = make_trainer("trainer.ema_decay=0.5")
     source.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
@@ -192,7 +192,7 @@ def test_an_export_of_an_ema_run_serves_the_averaged_weights(tmp_path):
     exported = run_cli(f"hydra.run.dir={run_dir}", "mode=export")
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert "evaluation, prediction and export use the averaged weights" in (run_dir / "run.log").read_text()
-    from tf_harness.experiments import warm_start
+    from tf_harness.experiments.training import warm_start
 
     prefix = str(run_dir / "checkpoints" / "ckpt-4")
     checkpoint, averages = tf.train.load_checkpoint(prefix), warm_start.stored_averages(prefix)
@@ -232,7 +232,7 @@ def faces(count, weight=1.0):
 
 
 def flat_trainer(monkeypatch, *overrides):
-    from tf_harness.experiments import trainer as trainer_module
+    from tf_harness.experiments.training import trainer as trainer_module
     monkeypatch.setattr(trainer_module, "BUILDERS", {"siamese_cnn": flat_pair_model})
     tf.keras.utils.set_random_seed(0)
     return make_trainer("pipeline.augment=false", *overrides)
@@ -302,9 +302,9 @@ def test_accumulation_trains_under_several_replicas_and_counts_examples_per_upda
 
 def recipes_of(tmp_path, *overrides, trainer=None):
     """A training run's Recipes over a RunDirectory in `tmp_path`, with the tiny trainer of these tests."""
-    from tf_harness.experiments import recipes
+    from tf_harness.experiments.config.settings import Settings
     from tf_harness.experiments.run_dir.directory import RunDirectory
-    from tf_harness.experiments.settings import Settings
+    from tf_harness.experiments.training import recipes
     from tests.conftest import compose
     from tests.test_training_loop import PAIRS, SIZE
 
@@ -317,7 +317,7 @@ def recipes_of(tmp_path, *overrides, trainer=None):
 
 def evaluate_at(made, tmp_path, step, accuracy):
     """An evaluation of `accuracy` at `step`, as the Evaluator writes it and the Controller counts it."""
-    from tf_harness.experiments.summaries import write_metrics
+    from tf_harness.experiments.evaluation.metrics_history import write_metrics
     made.trainer.global_step.assign(step)
     values = {"accuracy": accuracy, "loss": 1.0 - accuracy}
     write_metrics(tmp_path, {**values, "global_step": step})
@@ -339,7 +339,7 @@ def test_the_best_evaluation_is_kept_with_its_record_and_the_others_go(tmp_path)
 
 def test_the_best_eer_is_the_lowest_and_its_checkpoint_is_kept(tmp_path):
     """LFW's protocol metrics are declared with their direction: trainer.best_metric=eer keeps the lowest."""
-    from tf_harness.experiments.summaries import write_metrics
+    from tf_harness.experiments.evaluation.metrics_history import write_metrics
     made = recipes_of(tmp_path, "trainer.keep_best=true", "trainer.best_metric=eer")
     assert made.mode == "min"
     for step, eer in ((2, 0.4), (4, 0.25), (6, 0.3), (8, 0.25)):
@@ -417,7 +417,7 @@ def test_the_objective_is_the_last_headline_value_or_the_best(tmp_path):
 
 def test_the_sweep_summary_takes_the_best_value_where_the_job_reports_it(tmp_path):
     import dataclasses
-    from tf_harness.experiments import sweep_report
+    from tf_harness.experiments.sweeps import sweep_report
 
     (tmp_path / "best.json").write_text(json.dumps({"metric": "auc", "value": 0.9, "global_step": 4}))
     (tmp_path / "metrics.json").write_text(json.dumps({"accuracy": 0.6, "auc": 0.7, "global_step": 6}))
@@ -498,7 +498,7 @@ def test_a_run_keeps_its_best_stops_early_stays_stopped_and_evaluates_its_best(t
                                        "a step in 0..80 (trainer.train_steps)"),
 ])
 def test_a_bad_recipe_value_is_one_line(overrides, line):
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
     from tests.conftest import compose
 
     problem = schema.first_problem(compose(*overrides), {})
@@ -506,7 +506,7 @@ def test_a_bad_recipe_value_is_one_line(overrides, line):
 
 
 def test_good_recipe_values_pass():
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
     from tests.conftest import compose
 
     for overrides in [("trainer.keep_best=true", "trainer.best_metric=auc/Mass", "trainer.early_stopping.patience=0",
@@ -527,7 +527,8 @@ def test_best_mode_follows_the_metric_by_default(tmp_path):
 
 def test_the_schemas_metrics_are_those_an_evaluation_writes():
     from tf_harness.data import TASKS
-    from tf_harness.experiments import metrics, recipes
+    from tf_harness.experiments.evaluation import metrics
+    from tf_harness.experiments.training import recipes
 
     for name in TASKS:
         spec = TASKS[name].SPEC
@@ -628,7 +629,7 @@ def test_a_rule_that_matches_nothing_is_a_config_error_in_one_line(override, lin
 def test_an_invalid_rule_is_refused_before_tensorflow_starts(key, value, line):
     """Set as a YAML file would set it: Hydra's command line takes neither `(` nor `^` in a mapping's key."""
     from omegaconf import OmegaConf
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
     from tests.conftest import compose
 
     cfg = compose()

@@ -15,7 +15,7 @@ from tests.refusals import assert_config_error, assert_names, raises_naming
 from tf_harness.data import chest_xray, imagenet_det
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.preprocessing import Preprocessing
-from tf_harness.experiments import schema
+from tf_harness.experiments.config import schema
 from tf_harness.models import BUILDERS, resnet_v2
 
 SIZE = (32, 32)  # the smallest keras.applications allows with pretrained weights

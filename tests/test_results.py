@@ -17,11 +17,13 @@ from sklearn.metrics import accuracy_score, roc_auc_score, roc_curve, top_k_accu
 
 from tests.conftest import compose, run_cli, task_of
 from tests.refusals import assert_config_error, assert_names
-from tf_harness.experiments import compare, intervals, metrics, schema
+from tf_harness.experiments import compare
+from tf_harness.experiments.config import schema
+from tf_harness.experiments.evaluation import intervals, metrics
 
 
 def _sklearn_metrics(task, labels, scores):
-    """experiments/metrics.py's metrics, written again from scikit-learn, for one resample."""
+    """experiments/evaluation/metrics.py's metrics, written again from scikit-learn, for one resample."""
     if task == "multilabel":
         aucs = [roc_auc_score(labels[:, k], scores[:, k]) if 0 < labels[:, k].sum() < len(labels) else np.nan
                 for k in range(labels.shape[1])]
@@ -69,9 +71,9 @@ def test_intervals_are_sklearns_percentiles_over_resampled_units(task):
 
 @pytest.mark.parametrize("task", ["multilabel", "binary", "multiclass"])
 def test_an_evaluations_metrics_are_sklearns_from_the_functions_its_intervals_resample(task):
-    """Each metric is declared once (experiments/metrics.py): the evaluation's value is its function under weights
+    """Each metric is declared once (experiments/evaluation/metrics.py): the evaluation's value is its function under weights
     of one, the one the bootstrap resamples."""
-    from tf_harness.experiments import metrics
+    from tf_harness.experiments.evaluation import metrics
     labels, scores, _ = _example(task, np.random.default_rng(3))
     names = [f"c{k}" for k in range(scores.shape[1])] if task == "multilabel" else ["same"]
     found = metrics.scored(task, names, labels, scores)
@@ -240,7 +242,7 @@ def test_good_split_values_pass():
 # The evaluator: what it writes where ---------------------------------------------------------------------------
 
 class _Trainer:
-    """Stands in for experiments/trainer.py's Trainer: fixed logits per example, at a settable global step."""
+    """Stands in for experiments/training/trainer.py's Trainer: fixed logits per example, at a settable global step."""
 
     def __init__(self, logits, step):
         self.logits, self.step = logits, step
@@ -266,7 +268,7 @@ class _Summaries:
 
 def _evaluator(tmp_path, step, chosen=None, bootstrap=0):
     import tensorflow as tf
-    from tf_harness.experiments.evaluation import Evaluator
+    from tf_harness.experiments.evaluator import Evaluator
 
     rng = np.random.default_rng(0)
     task = task_of(compose("dataset=lfw_pairs"))
@@ -370,7 +372,7 @@ def test_lfw_predictions_name_each_pairs_fold_and_the_split(tmp_path):
 def test_each_lfw_evaluation_shows_its_roc_curve_in_tensorboard(tmp_path):
     import tensorflow as tf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tf_harness.experiments import review
+    from tf_harness.experiments.evaluation import review
 
     spec = task_of(compose("dataset=lfw_pairs")).SPEC
     with tf.summary.create_file_writer(str(tmp_path)).as_default():

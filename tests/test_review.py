@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 from tensorboard.plugins.pr_curve import metadata as pr_metadata
 
-from tf_harness.experiments.settings import Settings
 from tf_harness.data.spec import DatasetSpec
+from tf_harness.experiments.config.settings import Settings
 from tests.conftest import compose, event_tags, make_input, run_cli, tables_of, task_of
 
 CHEST = DatasetSpec(name="chest_xray", task="multilabel", class_names=("Atelectasis", "Effusion", "Mass"), channels=1)
@@ -29,7 +29,7 @@ def image_sizes(accumulator, tag):
 
 
 def test_training_inputs_show_both_images_of_a_pair_side_by_side_with_their_labels(tmp_path):
-    from tf_harness.experiments import review
+    from tf_harness.experiments.evaluation import review
     pair = (tf.random.uniform([6, 16, 12, 3], -1, 1), tf.random.uniform([6, 16, 12, 3], -1, 1))
     accumulator, tags = write(tmp_path, review.write_inputs, pair, np.array([1, 0, 1, 1, 0, 0]), LFW, 3)
     assert "inputs" in tags
@@ -82,7 +82,7 @@ def pr_tags(tags, accumulator):
 
 
 def test_chest_xray_evaluation_writes_a_pr_curve_per_finding(tmp_path):
-    from tf_harness.experiments import review
+    from tf_harness.experiments.evaluation import review
     labels = np.array([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]])
     scores = np.array([[0.9, 0.2, 0.6], [0.1, 0.7, 0.3], [0.8, 0.6, 0.2], [0.3, 0.1, 0.9]])
     accumulator, tags = write(tmp_path, review.write_evaluation, CHEST, labels, scores, 5)
@@ -95,7 +95,7 @@ def test_chest_xray_evaluation_writes_a_pr_curve_per_finding(tmp_path):
 
 
 def test_lfw_evaluation_writes_pr_curves_for_same_and_different(tmp_path):
-    from tf_harness.experiments import review
+    from tf_harness.experiments.evaluation import review
     accumulator, tags = write(tmp_path, review.write_evaluation, LFW, np.array([1, 0, 1, 0]),
                               np.array([[0.9], [0.2], [0.4], [0.6]]), 2)
     assert pr_tags(tags, accumulator) == {"pr/same", "pr/different"}
@@ -105,7 +105,7 @@ def test_lfw_evaluation_writes_pr_curves_for_same_and_different(tmp_path):
 
 
 def test_imagenet_det_evaluation_writes_a_confusion_matrix_image(tmp_path):
-    from tf_harness.experiments import review
+    from tf_harness.experiments.evaluation import review
     labels = np.array([0, 1, 2, 1])
     right = np.eye(3)[labels]
     wrong = np.eye(3)[[1, 1, 0, 0]]
@@ -118,7 +118,7 @@ def test_imagenet_det_evaluation_writes_a_confusion_matrix_image(tmp_path):
 
 
 def test_the_profiler_traces_its_steps_and_cuts_loops_at_them(tmp_path):
-    from tf_harness.experiments import review
+    from tf_harness.experiments.evaluation import review
     profiler = review.Profiler([2, 4], tmp_path / "train")
     assert [profiler.loop_length(step, 10) for step in (0, 1, 4)] == [2, 1, 10]
     step_fn = tf.function(lambda x: tf.reduce_sum(tf.matmul(x, x)))

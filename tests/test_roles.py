@@ -5,7 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tf_harness.experiments import checkpoint_modes, runner, schema, sidecar
+from tf_harness.experiments import checkpoint_modes, runner, sidecar
+
+from tf_harness.experiments.config import schema
 
 # The role of each mode: the training main, the main of the modes that read a recorded checkpoint, or the sidecar's.
 ROLES = {"train_and_evaluate": "train", "train": "train", "evaluate": "checkpoint", "predict": "checkpoint",

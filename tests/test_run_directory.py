@@ -286,7 +286,7 @@ def test_a_saved_config_is_not_required_where_no_run_was_recorded(tmp_path):
     (b'{"global_step": "4"}', "holds no global_step"),
 ])
 def test_an_unreadable_metrics_json_is_no_evaluation_and_says_so(tmp_path, caplog, content, problem):
-    from tf_harness.experiments.summaries import evaluated_step
+    from tf_harness.experiments.evaluation.metrics_history import evaluated_step
     (tmp_path / "metrics.json").write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.summaries"):
         assert evaluated_step(tmp_path) is None
@@ -463,8 +463,8 @@ def test_the_run_directorys_records_are_written_through_temporary_files_of_this_
     """A trainer and its sidecar evaluator both write metrics.json: neither may write over the other's half-written
     temporary file, nor over a file of that name that someone else left."""
     from tf_harness.data.integrity.skipped import SkipLog
+    from tf_harness.experiments.evaluation.metrics_history import write_metrics
     from tf_harness.experiments.run_dir import input_record
-    from tf_harness.experiments.summaries import write_metrics
     others = [tmp_path / "metrics.json.tmp", tmp_path / "skipped.csv.tmp", tmp_path / "input_pipelines.tmp"]
     for path in others:
         path.write_text("another process's")

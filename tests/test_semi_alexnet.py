@@ -73,8 +73,8 @@ def test_learns_colour_classes():
 def test_a_model_too_large_for_memory_is_a_config_error_naming_its_keys(monkeypatch):
     """What TensorFlow refuses to allocate while building is one line, without its function-node and device names."""
     from tf_harness.data.errors import ConfigError
-    from tf_harness.experiments import trainer
-    from tf_harness.experiments.settings import Settings
+    from tf_harness.experiments.config.settings import Settings
+    from tf_harness.experiments.training import trainer
     from tests.conftest import compose
 
     message = ("{{function_node __wrapped__StatelessRandomUniformV2_device_/job:localhost/replica:0/task:0/device:CPU:0}} "

@@ -72,7 +72,7 @@ def service(tmp_path):
 @pytest.mark.parametrize("value", ["localhost:5050", "grpc://localhost", "grpc://localhost:0", "grpc://h:70000",
                                    "http://localhost:5050", 5050])
 def test_a_malformed_service_address_is_one_line(value):
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     problem = schema.first_problem(compose("dataset=chest_xray", f"pipeline.service={value}"), {})
     assert_names(problem, f"pipeline.service={value}", "grpc://host:port", "1..65535", "null")
@@ -81,13 +81,13 @@ def test_a_malformed_service_address_is_one_line(value):
 @pytest.mark.parametrize("value", ["grpc://localhost:5050", "grpc://node-7.cluster.example:1", "grpc://10.0.0.2:65535",
                                    "'grpc://[::1]:5050'", "null"])
 def test_a_good_service_address_passes(value):
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     assert schema.problems(compose("dataset=chest_xray", f"pipeline.service={value}"), {}) == []
 
 
 def test_the_service_does_not_go_with_a_cache():
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     cfg = compose("dataset=chest_xray", "pipeline.service=grpc://localhost:5050", "pipeline.cache=memory")
     assert_names(schema.first_problem(cfg, {}), "pipeline.cache=memory", "pipeline.service=grpc://localhost:5050")
@@ -95,7 +95,7 @@ def test_the_service_does_not_go_with_a_cache():
 
 def test_the_schema_checks_the_address_as_the_service_does():
     from tf_harness.data import service
-    from tf_harness.experiments import schema
+    from tf_harness.experiments.config import schema
 
     assert schema.SERVICE_ADDRESS.pattern == service.ADDRESS.pattern
 

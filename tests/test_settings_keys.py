@@ -1,4 +1,4 @@
-"""Each config key is declared once (experiments/config_keys.py): the schema's tables, the re-entry rules and the
+"""Each config key is declared once (experiments/config/config_keys.py): the schema's tables, the re-entry rules and the
 typed Settings all come from that one declaration, and a new key needs its YAML line and its field, nothing else."""
 import dataclasses
 import json
@@ -19,7 +19,7 @@ from tests.test_config import COMBINATIONS, _leaves
 
 
 def test_every_key_has_one_declaration_and_the_schema_checks_it():
-    from tf_harness.experiments import config_keys, schema
+    from tf_harness.experiments.config import config_keys, schema
 
     declared = config_keys.DECLARED
     strategy_keys = {key: check for keys in schema.STRATEGY_KEYS.values() for key, check in keys.items()}
@@ -43,8 +43,8 @@ def _groups(group):
 
 
 def test_the_re_entry_rules_are_the_declared_ones():
-    from tf_harness.experiments import config_keys
-    from tf_harness.experiments.config_keys import EVALUATION, RUN_CONTROL
+    from tf_harness.experiments.config import config_keys
+    from tf_harness.experiments.config.config_keys import EVALUATION, RUN_CONTROL
     from tf_harness.experiments.run_dir import reentry
 
     rules = {key: field.metadata["reentry"] for key, field in config_keys.DECLARED.items()}
@@ -72,8 +72,8 @@ def _holds(value, kind) -> bool:
 
 @pytest.mark.parametrize("overrides", COMBINATIONS, ids=" ".join)
 def test_settings_hold_every_key_as_a_typed_attribute(overrides):
-    from tf_harness.experiments import config_keys
-    from tf_harness.experiments.settings import Settings
+    from tf_harness.experiments.config import config_keys
+    from tf_harness.experiments.config.settings import Settings
 
     cfg = compose(*overrides)
     written = OmegaConf.to_container(cfg, resolve=True)
@@ -104,9 +104,9 @@ import json, sys
 from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from tf_harness.experiments import schema
+from tf_harness.experiments.config import schema
+from tf_harness.experiments.config.settings import Settings
 from tf_harness.experiments.run_dir import reentry
-from tf_harness.experiments.settings import Settings
 
 def composed(*overrides):
     with initialize_config_dir(config_dir=str(Path("conf").absolute()), version_base="1.3"):
@@ -133,7 +133,7 @@ def test_a_key_is_added_by_its_yaml_line_and_its_declaration_alone(tmp_path):
     one fixed and one run control, with no other edit: the schema checks them, Settings holds them typed, and a
     re-entry refuses or takes a change of each by its declared rule."""
     copy = _copy_project(tmp_path / "tf_harness")
-    declarations = copy / "experiments" / "config_keys.py"
+    declarations = copy / "experiments" / "config" / "config_keys.py"
     text = declarations.read_text()
     assert text.count(ANCHOR) == 1, "config_keys.py no longer declares the trainer group as this test expects"
     declarations.write_text(text.replace(ANCHOR, DECLARATIONS + ANCHOR))

@@ -62,7 +62,8 @@ def test_the_sidecar_waiting_for_a_new_checkpoint_stops_at_a_signal(trained, tmp
 
 
 def test_compare_stopped_by_ctrl_c_amid_its_bootstrap_is_one_line_and_130(tmp_path, monkeypatch, capsys):
-    from tf_harness.experiments import compare, intervals
+    from tf_harness.experiments import compare
+    from tf_harness.experiments.evaluation import intervals
 
     for name in ("a", "b"):
         (tmp_path / name / ".hydra").mkdir(parents=True)

@@ -53,7 +53,7 @@ class _Never:
 
 def test_an_evaluation_waiting_for_a_batch_says_so_and_stops_at_a_signal(tmp_path, caplog, monkeypatch):
     from tf_harness.data.spec import DatasetSpec
-    from tf_harness.experiments.evaluation import Evaluator
+    from tf_harness.experiments.evaluator import Evaluator
     from tf_harness.experiments.run_dir import blocking
     from tf_harness.experiments.summaries import Summaries
 

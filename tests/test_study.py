@@ -32,7 +32,7 @@ def free_port() -> int:
 # Opening a storage ------------------------------------------------------------------------------------------------
 
 def refusal(url):
-    from tf_harness.experiments import study
+    from tf_harness.experiments.sweeps import study
     with pytest.raises(study.StorageError) as refused:
         study.open_storage(url)
     return str(refused.value)
@@ -62,7 +62,7 @@ def test_a_failed_attempt_leaves_no_half_made_sqlite_database(tmp_path, monkeypa
     import optuna
     import sqlalchemy
 
-    from tf_harness.experiments import study
+    from tf_harness.experiments.sweeps import study
     made = optuna.storages.RDBStorage
 
     def half_made(url, *args, **kwargs):
@@ -77,7 +77,7 @@ def test_a_failed_attempt_leaves_no_half_made_sqlite_database(tmp_path, monkeypa
 
 
 def test_a_study_is_made_once_and_a_second_create_adds_to_it(tmp_path, monkeypatch):
-    from tf_harness.experiments import study
+    from tf_harness.experiments.sweeps import study
     monkeypatch.chdir(tmp_path)
     url = "sqlite:///sweep/optuna.db"  # relative: made absolute, so job processes elsewhere open the same file
     first, made = study.create(url, "s", ["maximize"])
@@ -114,8 +114,8 @@ def test_a_trial_the_pruner_stops_is_pruned_in_the_study_and_in_metrics_json(tmp
     """Hydra's sweeper hands a job no trial: the job finds its own from the storage and its trial number."""
     import optuna
 
-    from tf_harness.experiments import study
-    from tf_harness.experiments.pruning import Pruning
+    from tf_harness.experiments.sweeps import study
+    from tf_harness.experiments.sweeps.pruning import Pruning
     url = f"sqlite:///{tmp_path}/optuna.db"
     kept, _ = study.create(url, "s", ["maximize"])
     for _ in range(5):  # MedianPruner prunes from the sixth trial on
@@ -137,17 +137,20 @@ def test_a_trial_the_pruner_stops_is_pruned_in_the_study_and_in_metrics_json(tmp
     assert not Pruning("median", None, None, tmp_path, True).stopped
 
 
-def test_a_job_of_the_harness_sweeper_finds_its_trial_by_its_number(tmp_path):
+def test_a_job_of_the_harness_sweeper_finds_its_trial_by_its_number(tmp_path, monkeypatch):
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from tf_harness.experiments import study
-    hydra = OmegaConf.create({"mode": RunMode.MULTIRUN, "job": {"num": 7}, "sweeper": {
-        "_target_": "hydra_plugins.tf_harness_sweeper.StudySweeper", "storage": f"sqlite:///{tmp_path}/o.db",
+    from tf_harness.experiments.config.settings import Job
+    from tf_harness.experiments.sweeps import study
+    hydra = OmegaConf.create({"mode": RunMode.MULTIRUN, "job": {"num": 7}, "sweep": {"dir": str(tmp_path)},
+                              "runtime": {"output_dir": str(tmp_path / "7"), "choices": {}}, "sweeper": {
+        "_target_": "hydra_plugins.tf_harness_sweeper.StudySweeper", "storage": "sqlite:///o.db",
         "study_name": "lfw_pairs"}})
-    assert study.job_trial(hydra) == study.JobTrial(f"sqlite:///{tmp_path}/o.db", "lfw_pairs", 7)
+    monkeypatch.chdir(tmp_path)  # a relative SQLite path is the working directory's
+    assert study.job_trial(Job.from_hydra(hydra).trial) == study.JobTrial(f"sqlite:///{tmp_path}/o.db", "lfw_pairs", 7)
     hydra.sweeper.storage = None
-    assert study.job_trial(hydra) is None
+    assert Job.from_hydra(hydra).trial is None and study.job_trial(None) is None
 
 
 # Requeue on SIGUSR2 -------------------------------------------------------------------------------------------------
@@ -373,7 +376,7 @@ def postgres():
 def test_a_new_postgresql_study_opened_by_several_processes_at_once_is_made_once(postgres):
     """Two processes that opened a fresh PostgreSQL study at once both created its tables; one died of a unique
     violation."""
-    code = ("import sys; from tf_harness.experiments import study; "
+    code = ("import sys; from tf_harness.experiments.sweeps import study; "
             "s, _ = study.create(sys.argv[1], 'race', ['maximize']); print(s.study_name)")
     processes = [subprocess.Popen([sys.executable, "-c", code, postgres], cwd=PROJECT, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for _ in range(4)]

@@ -49,7 +49,7 @@ def trials(storage):
 def test_an_interrupted_trial_is_asked_again_in_its_own_folder_with_its_parameters(tmp_path):
     from optuna.trial import TrialState
 
-    from tf_harness.experiments.study_sweeper import sweep
+    from tf_harness.experiments.sweeps.study_sweeper import sweep
     storage = f"sqlite:///{tmp_path}/optuna.db"
 
     def killed(num, overrides, run_dir):
@@ -73,7 +73,7 @@ def test_a_trial_of_a_process_whose_heartbeat_stopped_is_retried_afresh_in_this_
     period, the next sweep to start fails the trial and asks it again, in its own folder."""
     from optuna.trial import TrialState
 
-    from tf_harness.experiments import study_sweeper
+    from tf_harness.experiments.sweeps import study_sweeper
     monkeypatch.setattr(study_sweeper, "HEARTBEAT_S", 1)
     monkeypatch.setattr(study_sweeper, "GRACE_S", 4)
     storage = f"sqlite:///{tmp_path}/optuna.db"
@@ -102,9 +102,9 @@ def test_a_finished_job_the_study_could_not_be_told_of_ends_in_one_line_and_is_t
     import sqlalchemy.exc
     from optuna.trial import TrialState
 
-    from tf_harness.experiments import study as studies
-    from tf_harness.experiments.study_sweeper import sweep
-    from tf_harness.experiments.sweep_report import write_outcome
+    from tf_harness.experiments.sweeps import study as studies
+    from tf_harness.experiments.sweeps.study_sweeper import sweep
+    from tf_harness.experiments.sweeps.sweep_report import write_outcome
     storage = f"sqlite:///{tmp_path}/optuna.db"
 
     def finished(num, overrides, run_dir):
@@ -132,7 +132,7 @@ def test_a_finished_job_the_study_could_not_be_told_of_ends_in_one_line_and_is_t
 
 def test_two_processes_that_open_a_new_shared_study_with_one_seed_draw_their_own_points(tmp_path, monkeypatch):
     """Both open the study before either asks a trial: the one that found it made reseeds its sampler."""
-    from tf_harness.experiments import study_sweeper
+    from tf_harness.experiments.sweeps import study_sweeper
     storage = f"sqlite:///{tmp_path}/optuna.db"
     both = threading.Barrier(2, timeout=60)
     record = study_sweeper._record_owner
@@ -163,7 +163,7 @@ def test_two_processes_that_open_a_new_shared_study_with_one_seed_draw_their_own
 def test_a_study_of_another_direction_or_search_space_is_refused_naming_the_stored_one(tmp_path):
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-    from tf_harness.experiments import study
+    from tf_harness.experiments.sweeps import study
     url = f"sqlite:///{tmp_path}/optuna.db"
     space = {"trainer.learning_rate": FloatDistribution(1e-4, 1e-2, log=True)}
     study.create(url, "s", ["maximize"], space)
@@ -182,7 +182,7 @@ def test_a_study_of_another_direction_or_search_space_is_refused_naming_the_stor
     ("folder", ("is a folder, not a database file",)),
     ("garbled", ("not an Optuna study database",))])
 def test_a_damaged_database_or_a_folder_in_its_place_is_refused_and_left_as_it_is(tmp_path, damage, named):
-    from tf_harness.experiments import study
+    from tf_harness.experiments.sweeps import study
     path = tmp_path / "optuna.db"
     if damage == "folder":
         path.mkdir()
@@ -201,7 +201,7 @@ def test_a_damaged_database_or_a_folder_in_its_place_is_refused_and_left_as_it_i
 @pytest.mark.parametrize("url", ["postgresql+psycopg2://alice:s3cret@db.example:5432/studies",
                                  "postgresql+psycopg2://alice:s3@cret@db.example:5432/studies"])
 def test_a_password_written_in_the_storage_url_is_refused_without_a_character_of_it(url):
-    from tf_harness.experiments import study
+    from tf_harness.experiments.sweeps import study
     with pytest.raises(study.StorageError) as refused:
         study.refuse_written_password(url)
     line = str(refused.value)
@@ -212,7 +212,7 @@ def test_a_password_written_in_the_storage_url_is_refused_without_a_character_of
 
 
 def test_a_url_that_does_not_parse_shows_no_part_of_its_password():
-    from tf_harness.experiments import study
+    from tf_harness.experiments.sweeps import study
     url = "postgresql+psycopg2://alice:p@ss:w0rd@db.example:notaport/studies"
     line = study.refusal(url, ValueError(f"Could not parse SQLAlchemy URL from string '{url}'"))
     assert "p@ss" not in line and "w0rd" not in line and "alice:***@db.example" in line, line
@@ -222,7 +222,7 @@ def composed(*overrides):
     """The config of `python run.py -m *overrides`, Hydra's node included, and its sweep_folder.sweeper_of."""
     from hydra import compose, initialize_config_dir
     from tf_harness.experiments import cli
-    from tf_harness.experiments.sweep_folder import sweeper_of
+    from tf_harness.experiments.sweeps.sweep_folder import sweeper_of
     from tests.conftest import CONF
     cli.register_resolvers()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -234,8 +234,8 @@ def composed(*overrides):
     (("hydra.sweeper.study_name=another",), "study_name=another"),
     (("hydra.sweeper.storage=sqlite:////elsewhere/optuna.db",), "storage=sqlite:////elsewhere/optuna.db")])
 def test_a_sweep_folder_records_its_study_and_refuses_another_study_as_a_whole(tmp_path, other, named):
-    from tf_harness.experiments.study_sweeper import _record_owner
-    from tf_harness.experiments.sweep_folder import Refused, SweepFolder
+    from tf_harness.experiments.sweeps.study_sweeper import _record_owner
+    from tf_harness.experiments.sweeps.sweep_folder import Refused, SweepFolder
     command = ("hparams_search=optuna", "dataset=lfw_pairs")
     cfg, sweeper = composed(*command)
     _record_owner(cfg, tmp_path)
@@ -258,8 +258,8 @@ def test_a_job_whose_study_stops_answering_trains_on_unpruned_with_one_warning(t
     import optuna
     import sqlalchemy.exc
 
-    from tf_harness.experiments import study
-    from tf_harness.experiments.pruning import Pruning
+    from tf_harness.experiments.sweeps import study
+    from tf_harness.experiments.sweeps.pruning import Pruning
     url = f"sqlite:///{tmp_path}/optuna.db"
     kept, _ = study.create(url, "s", ["maximize"])
     number = kept.ask().number
@@ -269,7 +269,7 @@ def test_a_job_whose_study_stops_answering_trains_on_unpruned_with_one_warning(t
         raise sqlalchemy.exc.OperationalError("INSERT", {}, Exception("server closed the connection"))
 
     monkeypatch.setattr(optuna.trial.Trial, "report", gone)
-    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.pruning"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.sweeps.pruning"):
         for step in (1, 2):
             pruning.evaluated({"accuracy": 0.5}, step)
     assert not pruning.stopped
@@ -295,7 +295,7 @@ def test_the_sweeper_runs_on_todays_optuna_and_sqlalchemy_and_no_longer_on_hydra
 def test_the_grid_sampler_is_refused_in_one_line_before_a_study_is_made(tmp_path):
     from hydra.errors import HydraException
 
-    from tf_harness.experiments.study_sweeper import sweep
+    from tf_harness.experiments.sweeps.study_sweeper import sweep
     storage = f"sqlite:///{tmp_path}/optuna.db"
     with pytest.raises(HydraException) as refused:
         sweep(config(tmp_path, storage), Launcher(tmp_path), settings(storage=storage,

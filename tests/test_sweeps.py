@@ -195,7 +195,7 @@ def outcome(job, status=0, metric="accuracy", value=None, overrides=("dataset=lf
 
 
 def test_the_summary_line_names_the_jobs_run_and_failed_and_the_best_job():
-    from tf_harness.experiments.sweep_report import summary_line
+    from tf_harness.experiments.sweeps.sweep_report import summary_line
     jobs = [outcome(0, value=0.5, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.001"), ci95=None,
                     interval="no interval: evaluation.bootstrap=0"),
             outcome(1, value=0.9123, overrides=("dataset=lfw_pairs", "trainer.learning_rate=0.01"),
@@ -220,7 +220,7 @@ def test_every_sweep_ends_with_its_summary_line_after_the_failed_jobs(tmp_path, 
     """A sweep that succeeded ended without a word."""
     from tf_harness.experiments import cli
     from tf_harness.experiments.cli import SweepCallback
-    from tf_harness.experiments.sweep_report import OUTCOME
+    from tf_harness.experiments.sweeps.sweep_report import OUTCOME
     monkeypatch.setattr(cli, "_status", 0)
     jobs = [outcome(0, value=0.75, overrides=("seed=1",), sweep=str(tmp_path)),
             outcome(1, status=int(failed), value=None if failed else 0.5, overrides=("seed=2",), sweep=str(tmp_path))]
@@ -255,7 +255,7 @@ def test_a_damaged_job_outcome_is_a_failure_and_an_earlier_sweeps_folders_are_le
     turned that into a warning."""
     from tf_harness.experiments import cli
     from tf_harness.experiments.cli import SweepCallback
-    from tf_harness.experiments.sweep_report import OUTCOME
+    from tf_harness.experiments.sweeps.sweep_report import OUTCOME
     monkeypatch.setattr(cli, "_status", 0)
     # An earlier sweep's, into the same directory:
     stale = {"2": "", "3": json.dumps(outcome(3, status=2, sweep=str(tmp_path)))}
@@ -294,7 +294,7 @@ def test_a_job_that_ran_in_an_earlier_sweeps_folder_and_wrote_no_outcome_is_a_fa
     outcome (an earlier job's, or none) was as it had been when the sweep started."""
     from tf_harness.experiments import cli
     from tf_harness.experiments.cli import SweepCallback
-    from tf_harness.experiments.sweep_report import OUTCOME
+    from tf_harness.experiments.sweeps.sweep_report import OUTCOME
     monkeypatch.setattr(cli, "_status", 0)
     for job in ("0", "1", "2"):  # an earlier sweep's folders, each with the config its job saved
         (tmp_path / job / ".hydra").mkdir(parents=True)
@@ -319,7 +319,7 @@ def test_a_job_outcome_is_written_whole_or_not_at_all(tmp_path, monkeypatch, cap
     import errno
     from tf_harness.data.integrity import writing
     from tf_harness.experiments.cli import SweepCallback
-    from tf_harness.experiments.sweep_report import OUTCOME
+    from tf_harness.experiments.sweeps.sweep_report import OUTCOME
     run_dir = tmp_path / "0"
     run_dir.mkdir()
     (run_dir / OUTCOME).write_text("an earlier outcome\n")
@@ -369,7 +369,7 @@ def test_a_sweep_into_a_directory_of_an_earlier_sweep_reports_its_own_jobs_alone
 
 def finished_run(run_dir, accuracy):
     """A run directory whose training and last evaluation are done, as a job of an earlier sweep left it."""
-    from tf_harness.experiments.sweep_report import OUTCOME
+    from tf_harness.experiments.sweeps.sweep_report import OUTCOME
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text(f"- seed={int(run_dir.name) + 1}\n")
     (run_dir / "metrics.json").write_text(json.dumps({"accuracy": accuracy, "loss": 0.7, "global_step": 4}))
@@ -382,7 +382,7 @@ def test_a_job_re_entering_a_finished_run_reports_the_metric_its_last_evaluation
     """Re-running a finished sweep into its folder reported no metric for its jobs, which had nothing left to train
     and so evaluated nothing: `no job reported a validation metric`, or the best named among the jobs that trained."""
     from tf_harness.experiments.cli import SweepCallback
-    from tf_harness.experiments.sweep_report import OUTCOME
+    from tf_harness.experiments.sweeps.sweep_report import OUTCOME
     for job, accuracy in (("0", 0.5), ("1", 0.875)):
         finished_run(tmp_path / job, accuracy)
     report_at_end = started_sweep(tmp_path)
@@ -406,7 +406,7 @@ def test_a_job_re_entering_a_finished_run_reports_the_metric_its_last_evaluation
     ids=["a mode that does not evaluate", "failed", "metrics.json cut short", "NaN", "no headline metric"])
 def test_a_job_reports_no_recorded_metric_that_is_not_its_runs_evaluation(tmp_path, mode, ret, metrics_json):
     from tf_harness.experiments.cli import SweepCallback
-    from tf_harness.experiments.sweep_report import OUTCOME
+    from tf_harness.experiments.sweeps.sweep_report import OUTCOME
     run_dir = tmp_path / "0"
     run_dir.mkdir()
     (run_dir / "metrics.json").write_text(metrics_json)
@@ -427,7 +427,7 @@ def test_optunas_sweeper_takes_a_job_without_a_metric_as_its_worst_trial_and_goe
     a re-entered finished one. Runs the plugin's own sweep loop over jobs that end through the report."""
     import yaml
     from tf_harness.experiments.cli import SweepCallback
-    from tf_harness.experiments.study_sweeper import sweep
+    from tf_harness.experiments.sweeps.study_sweeper import sweep
 
     class Launcher:
         """Runs each trial's job at once: job 1's config is refused, the others report 0.5 + job / 10."""
@@ -485,8 +485,8 @@ def test_a_sweep_that_a_signal_or_an_error_stops_reports_the_jobs_that_ran(tmp_p
     when it reaches its end."""
     import signal
     from hydra.errors import ConfigCompositionException
-    from tf_harness.experiments.run_dir import interrupts
     from tf_harness.experiments.cli import SweepCallback
+    from tf_harness.experiments.run_dir import interrupts
     config, report = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}), SweepCallback()
 
     def sweep():  # what Hydra's multirun does, up to the third job's start
@@ -640,7 +640,7 @@ def multirun_record(sweep_dir, overrides):
 
 def test_a_second_sweep_into_a_folder_in_use_is_refused_before_any_job_runs(tmp_path, capsys):
     """It ran: its job 0 was refused ("in use by pid ..."), yet its summary named job 0's result, the first's."""
-    from tf_harness.experiments.sweep_folder import SweepFolder
+    from tf_harness.experiments.sweeps.sweep_folder import SweepFolder
     first = SweepFolder.claim(tmp_path, ["seed=1,2"])
     with pytest.raises(SystemExit) as refused:
         SweepFolder.claim(tmp_path, ["seed=1,2"])
@@ -659,7 +659,7 @@ def test_a_second_sweep_into_a_folder_in_use_is_refused_before_any_job_runs(tmp_
 def test_a_sweep_with_other_values_is_refused_as_a_whole_in_a_finished_sweeps_folder(tmp_path, capsys, again,
                                                                                       refused):
     """Refused job by job, it rewrote the finished jobs' job_outcome.json (status 0 became 2) and multirun.yaml."""
-    from tf_harness.experiments.sweep_folder import SweepFolder
+    from tf_harness.experiments.sweeps.sweep_folder import SweepFolder
     multirun_record(tmp_path, ["seed=1,2"])
     record = (tmp_path / "multirun.yaml").read_bytes()
     if not refused:
@@ -674,13 +674,13 @@ def test_a_sweep_with_other_values_is_refused_as_a_whole_in_a_finished_sweeps_fo
 
 
 def test_a_folder_whose_multirun_record_is_unreadable_leaves_each_job_to_its_own_check(tmp_path):
-    from tf_harness.experiments.sweep_folder import SweepFolder
+    from tf_harness.experiments.sweeps.sweep_folder import SweepFolder
     tmp_path.joinpath("multirun.yaml").write_bytes(bytes(range(256)))
     SweepFolder.claim(tmp_path, ["seed=3"]).release()
 
 
 def test_a_sweep_that_made_its_folder_and_ran_no_job_leaves_no_folder(tmp_path):
-    from tf_harness.experiments.sweep_folder import SweepFolder
+    from tf_harness.experiments.sweeps.sweep_folder import SweepFolder
     SweepFolder.claim(tmp_path / "sweep", ["seed=1"]).release(ran=False)
     assert not (tmp_path / "sweep").exists()
     SweepFolder.claim(tmp_path, ["seed=1"]).release(ran=False)  # one it did not make stays
@@ -703,7 +703,7 @@ def test_a_sweep_with_other_values_into_a_finished_sweeps_folder_rewrites_none_o
 # The best job's interval -----------------------------------------------------------------------------------------
 
 def _job(run_dir, **settings):
-    from tf_harness.experiments.sweep_report import Job
+    from tf_harness.experiments.sweeps.sweep_report import Job
     return Job(run_dir=run_dir, multirun=True, num=0, overrides=("seed=1",), mode=settings.pop("mode", "train"),
                dataset="lfw_pairs", **settings)
 
@@ -716,7 +716,7 @@ DRAWN = {"resamples": 200, "unit": "example", "over": "pairs", "seed": 1}
 
 
 def test_a_jobs_interval_is_the_one_its_evaluation_wrote_beside_the_value_it_reports(tmp_path):
-    from tf_harness.experiments.sweep_report import interval_of
+    from tf_harness.experiments.sweeps.sweep_report import interval_of
     job = _job(tmp_path)
     last = {"accuracy": 0.75, "accuracy/ci95": [0.625, 0.875], "loss": 0.5, "auc": 0.8, "auc/ci95": None,
             "global_step": 4, "bootstrap": DRAWN}
@@ -745,8 +745,8 @@ def test_a_jobs_interval_is_the_one_its_evaluation_wrote_beside_the_value_it_rep
 def test_with_objective_best_the_interval_is_the_best_evaluations(tmp_path):
     """trainer.objective=best reports best.json's value: its interval is metrics.jsonl's line of that step, not
     metrics.json's (the last evaluation)."""
-    from tf_harness.experiments import metrics_history
-    from tf_harness.experiments.sweep_report import interval_of
+    from tf_harness.experiments.evaluation import metrics_history
+    from tf_harness.experiments.sweeps.sweep_report import interval_of
     for step, auc, bounds in ((2, 0.9, [0.85, 0.95]), (4, 0.8, [0.7, 0.9])):
         metrics_history.append(tmp_path, {"auc": auc, "auc/ci95": bounds, "global_step": step, "bootstrap": DRAWN})
     _write(tmp_path / "metrics.json", {"auc": 0.8, "auc/ci95": [0.7, 0.9], "global_step": 4, "bootstrap": DRAWN})
@@ -757,7 +757,7 @@ def test_with_objective_best_the_interval_is_the_best_evaluations(tmp_path):
 
 def test_a_job_outcome_carries_its_interval_to_the_summary_line(tmp_path, capsys):
     from tf_harness.experiments.cli import SweepCallback
-    from tf_harness.experiments.sweep_report import OUTCOME
+    from tf_harness.experiments.sweeps.sweep_report import OUTCOME
     report_at_end = started_sweep(tmp_path)
     for job, (accuracy, bounds) in enumerate(((0.75, [0.625, 0.8125]), (0.5, [0.375, 0.625]))):
         run_dir = tmp_path / str(job)

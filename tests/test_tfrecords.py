@@ -16,11 +16,11 @@ import pytest
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from tf_harness.experiments.settings import Settings
 from tf_harness.data import TASKS
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.sources import TableRecords
 from tf_harness.data.tfrecords import layout, writer
+from tf_harness.experiments.config.settings import Settings
 from tests.conftest import PROJECT, compose, convert_shards, make_input, read_shards, run_cli, tables_of, task_of
 from tests.refusals import assert_config_error, assert_error, assert_names, raises_naming
 
@@ -108,7 +108,7 @@ def test_train_shards_split_across_workers_from_tf_config(converted, monkeypatch
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": [f"localhost:{2000 + i}" for i in range(3)]},
                                                 "task": {"type": "worker", "index": 0}}))
     settings = Settings.from_config(_override(cfg, "tfrecord.min_shards_per_worker=4")).tfrecords()
-    from tf_harness.experiments.strategies import workers
+    from tf_harness.experiments.config.strategies import workers
     plan = writer._plan(task_of(cfg), settings, "train", tables["train"], cfg.seed, workers()[0])
     assert len(plan) == 4 * 3 and sorted(np.concatenate(plan)) == list(range(len(tables["train"])))
 

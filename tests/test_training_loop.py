@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_harness.experiments.settings import Settings
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
-from tf_harness.experiments import trainer as trainer_module
-from tf_harness.experiments.trainer import NonFiniteLossError, Trainer, loop_length, resolve_fetch_ahead
+from tf_harness.experiments.config.settings import Settings
+from tf_harness.experiments.training import trainer as trainer_module
+from tf_harness.experiments.training.trainer import NonFiniteLossError, Trainer, loop_length, resolve_fetch_ahead
 from tests.conftest import PROJECT, compose, event_tags, run_cli
 from tests.refusals import assert_error, raises_naming
 

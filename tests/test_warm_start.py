@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from tests.conftest import compose, run_cli
 from tests.refusals import assert_config_error, assert_names, raises_naming
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import schema, warm_start
+from tf_harness.experiments.config import schema
+from tf_harness.experiments.training import warm_start
 
 TINY_ALEXNET = ("model=semi_alexnet", "pipeline.image_size=32", "pipeline.batch_size=4", "model.filters=[4,8,8,8,8]",
                 "model.dense_units=8", "mode=train")

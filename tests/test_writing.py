@@ -275,8 +275,10 @@ def test_a_place_a_re_entry_writes_or_locks_is_refused_before_hydra_starts(tmp_p
 
 
 def test_the_places_looked_at_first_are_the_names_the_writers_use():
-    from tf_harness.experiments import evaluation, heatmaps, metrics_history, recipes
+    from tf_harness.experiments import evaluator as evaluation
+    from tf_harness.experiments.evaluation import heatmaps, metrics_history
     from tf_harness.experiments.run_dir import checkpoints, input_record, reentry, run_lock
+    from tf_harness.experiments.training import recipes
 
     used = {run_lock.LOCK_NAME, run_lock.EVAL_LOCK_NAME, metrics_history.NAME, recipes.RECORD,
             f"checkpoints/{checkpoints.STATE}", f"checkpoints/{input_record.INPUT_RECORD}", "metrics.json",

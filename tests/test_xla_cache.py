@@ -13,7 +13,7 @@ from tests.refusals import assert_names
 # One process: enable the cache, run one compiled function on an n x n input, publish.
 SCRIPT = """
 import sys
-from tf_harness.experiments import xla_cache
+from tf_harness.experiments.training import xla_cache
 print("shared", xla_cache.enable(sys.argv[1]))
 import tensorflow as tf
 n = int(sys.argv[2])
@@ -71,7 +71,7 @@ def test_processes_that_compile_at_once_share_one_whole_entry(tmp_path):
 
 
 def test_a_dead_private_folder_is_removed_and_a_live_one_kept(tmp_path):
-    from tf_harness.experiments import xla_cache
+    from tf_harness.experiments.training import xla_cache
     shared = tmp_path / "shared"
     dead, live = shared / ".job-dead", shared / ".job-live"
     for private in (dead, live):
@@ -94,7 +94,7 @@ def test_a_dead_private_folder_is_removed_and_a_live_one_kept(tmp_path):
 
 def test_the_users_own_cache_folder_is_left_as_it_is(tmp_path):
     mine = f"--tf_xla_persistent_cache_directory={tmp_path / 'mine'}"
-    process = subprocess.run([sys.executable, "-c", "import os; from tf_harness.experiments import xla_cache; "
+    process = subprocess.run([sys.executable, "-c", "import os; from tf_harness.experiments.training import xla_cache; "
                               "print(xla_cache.enable(os.environ['HOME_CACHE'])); print(os.environ['TF_XLA_FLAGS'])"],
                              capture_output=True, text=True, timeout=120,
                              env=dict(os.environ, TF_XLA_FLAGS=mine, HOME_CACHE=str(tmp_path / "home")))
@@ -106,7 +106,7 @@ def test_the_users_own_cache_folder_is_left_as_it_is(tmp_path):
 def test_a_process_started_by_a_run_takes_its_own_folder_and_keeps_the_users_flags(tmp_path):
     """A run started from a Python session that ran one itself (a test suite, a notebook) inherits the flags that
     session's `enable` added; they name the parent's private folder, not a choice of the user's."""
-    script = ("import os, sys, subprocess; from tf_harness.experiments import xla_cache; "
+    script = ("import os, sys, subprocess; from tf_harness.experiments.training import xla_cache; "
               "xla_cache.enable(sys.argv[1]); print(os.environ['TF_XLA_FLAGS']); sys.stdout.flush(); "
               "sys.argv[2:] and subprocess.run([sys.executable, '-c', sys.argv[3], sys.argv[1]], check=True)")
     env = dict(os.environ, TF_XLA_FLAGS="--tf_xla_enable_lazy_compilation=false")
@@ -125,7 +125,7 @@ def test_a_process_started_by_a_run_takes_its_own_folder_and_keeps_the_users_fla
 # publishes.
 FAKE_RUN = """
 import logging, sys
-from tf_harness.experiments import xla_cache
+from tf_harness.experiments.training import xla_cache
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stdout)
 shared = xla_cache.enable(sys.argv[1])
 xla_cache.report()
@@ -220,7 +220,7 @@ def test_an_entry_that_is_not_whole_is_not_published(tmp_path):
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """This process's cache state pointed at a private and a shared folder, as `enable` leaves it."""
-    from tf_harness.experiments import xla_cache
+    from tf_harness.experiments.training import xla_cache
     private, shared = tmp_path / "shared" / ".job-test", tmp_path / "shared"
     private.mkdir(parents=True)
     monkeypatch.setattr(xla_cache, "_private", private)
@@ -246,7 +246,7 @@ def test_a_failure_to_publish_is_one_warning_not_an_error(cache, monkeypatch, ca
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(cache.os, "open", full)
-    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.xla_cache"):
+    with caplog.at_level(logging.WARNING, logger="tf_harness.experiments.training.xla_cache"):
         assert cache.publish() == 0
     [message] = [record.getMessage() for record in caplog.records]
     assert_names(message, f"{cache._shared}:", "No space left on device")

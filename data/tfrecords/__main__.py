@@ -20,7 +20,7 @@ def convert_configured(settings, job, actions):
     """cli.guarded's task: converts the dataset `settings` name (`job` and `actions` are a training run's)."""
     # TensorFlow starts here, once cli.guarded has passed the config.
     from tf_harness.data.tfrecords.writer import convert
-    from tf_harness.experiments import strategies
+    from tf_harness.experiments.config import strategies
 
     workers, _ = strategies.workers()
     convert(settings.task(), settings.tfrecords(), settings.seed, settings.pipeline.verify_images,

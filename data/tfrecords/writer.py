@@ -19,10 +19,10 @@ import tensorflow as tf
 from PIL import Image
 from tqdm import tqdm
 
-from tf_harness.data.integrity import reading
-from tf_harness.data.integrity.writing import is_temporary, publish
 from tf_harness.data.errors import DatasetError
+from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.skipped import SkipLog
+from tf_harness.data.integrity.writing import is_temporary, publish
 from tf_harness.data.sources import TableRecords
 from tf_harness.data.tables import load_tables, path_columns
 from tf_harness.data.tfrecords.layout import (FORMAT_VERSION, MANIFEST, SHARD_NAME, TFRecordSettings, convert_command,

@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
+from tf_harness.experiments.config.schema import EVALUATION_MODES
 from tf_harness.experiments.run_dir import checkpoints, input_record, leftovers, reentry, run_lock
-from tf_harness.experiments.schema import EVALUATION_MODES
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class RunDirectory:
 
     def evaluated(self, step) -> bool:
         """Whether metrics.json holds an evaluation at `step`, so an interrupted one is redone and a done one not."""
-        from tf_harness.experiments.summaries import evaluated_step
+        from tf_harness.experiments.evaluation.metrics_history import evaluated_step
         return evaluated_step(self.model_dir) == step
 
     def saves_input(self, settings, task, context) -> bool:

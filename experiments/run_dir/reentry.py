@@ -47,13 +47,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tf_harness.data.integrity import reading, writing
-from tf_harness.experiments.config_keys import REENTRY, Reentry
-from tf_harness.experiments.schema import EVALUATION_MODES
+from tf_harness.experiments.config.config_keys import REENTRY, Reentry
+from tf_harness.experiments.config.schema import EVALUATION_MODES
 
 log = logging.getLogger(__name__)
 
 SAVED = Path(".hydra") / "config.yaml"
-# What the command line may change on re-entry (docs/run-directory.md), as experiments/config_keys.py declares each
+# What the command line may change on re-entry (docs/run-directory.md), as experiments/config/config_keys.py declares each
 # key: run-control keys, and those that may change for the evaluation modes only (the checkpoint does not depend on
 # them, but training's saved input iterator depends on the batch size, and training holds the evaluation pairs'
 # people out). `strategy` is a group chosen whole (strategy=mirrored): its keys go with the choice, and are left out.
@@ -277,7 +277,7 @@ def with_saved_choices(args) -> list:
 
 
 def _show(value):
-    from tf_harness.experiments.schema import show
+    from tf_harness.experiments.config.schema import show
     if value is _ABSENT:
         return "(unset)"
     return show(value)
@@ -355,7 +355,7 @@ def compose(cfg, run_dir, overrides, choices, saved_choices=None):
         else:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False, force_add=True)
     # Keys added to the harness since the run was saved take today's defaults.
-    from tf_harness.experiments.schema import KEYS, OPTION_KEYS
+    from tf_harness.experiments.config.schema import KEYS, OPTION_KEYS
     for key in (*KEYS, *OPTION_KEYS):  # a dataset's or model's own keys too (dataset.test_fraction, say)
         if value_of(merged, key) is _ABSENT and value_of(cfg, key) is not _ABSENT:
             OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False, force_add=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.integrity import locks, reading
-from tf_harness.experiments import strategies
+from tf_harness.experiments.config import strategies
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"

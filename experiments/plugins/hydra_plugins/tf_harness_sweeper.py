@@ -3,7 +3,7 @@
 
 Hydra finds sweepers only in the `hydra_plugins` namespace; experiments/cli.py's setup puts this folder's parent on
 the path. Hydra scans every plugin on every run, so this module imports Hydra alone; the sweep itself,
-experiments/study_sweeper.py, imports Optuna once a sweep starts.
+experiments/sweeps/study_sweeper.py, imports Optuna once a sweep starts.
 """
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
@@ -25,5 +25,5 @@ class StudySweeper(Sweeper):
                                                                 task_function=task_function, config=config)
 
     def sweep(self, arguments):
-        from tf_harness.experiments.study_sweeper import sweep  # Optuna: only once a sweep starts
+        from tf_harness.experiments.sweeps.study_sweeper import sweep  # Optuna: only once a sweep starts
         return sweep(self.config, self.launcher, self.settings, list(arguments))

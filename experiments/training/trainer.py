@@ -9,7 +9,7 @@ results once, so it does not stop the device every step. Nothing else in the loo
 device value on the host either: the loop's condition counts steps on the host, and the
 non-finite stop is kept on the device (`_step`'s `live`), so the host can fetch, copy and
 launch the next step while the device still runs the last. How a step gets its batch, and how its
-wait for it is timed (input_wait_fraction): experiments/loop_input.py.
+wait for it is timed (input_wait_fraction): experiments/training/loop_input.py.
 """
 import contextlib
 import dataclasses
@@ -24,8 +24,9 @@ import tensorflow as tf
 
 from tf_harness.data import losses
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import fine_tuning, graph_optimizer, optimizers, recipes
-from tf_harness.experiments.loop_input import LoopInput
+from tf_harness.experiments.config import graph_optimizer
+from tf_harness.experiments.training import fine_tuning, optimizers, recipes
+from tf_harness.experiments.training.loop_input import LoopInput
 from tf_harness.models import BUILDERS
 
 log = logging.getLogger(__name__)
@@ -108,13 +109,13 @@ def resolve_fetch_ahead(fetch_ahead, replicas) -> bool:
 
 def build_model(settings, spec, image_size) -> keras.Model:
     """The network of model=<name> for `image_size` (height, width) images of `spec`. Raises ConfigError, naming the
-    model's keys and pipeline.image_size, when Keras or TensorFlow cannot build it so: experiments/schema.py refuses
+    model's keys and pipeline.image_size, when Keras or TensorFlow cannot build it so: experiments/config/schema.py refuses
     the sizes it can state without TensorFlow, and this refuses the rest before the run writes anything."""
     try:
         return BUILDERS[settings.model.name](settings.model, spec, image_size)
     except (ValueError, MemoryError, tf.errors.ResourceExhaustedError) as error:
-        from tf_harness.experiments.config_keys import plain
-        from tf_harness.experiments.schema import show
+        from tf_harness.experiments.config.config_keys import plain
+        from tf_harness.experiments.config.schema import show
 
         model = plain(settings.model)  # the keys its config holds
         keys = ", ".join(f"model.{key}={show(model[key])}" for key in BUILDERS.options(model["name"]) if key in model)
@@ -214,7 +215,7 @@ class Trainer:
         with strategy.scope():
             self.model = build_model(settings, spec, image_size)
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-            # trainer.freeze and lr_multipliers (experiments/fine_tuning.py): what trains, at what rate.
+            # trainer.freeze and lr_multipliers (experiments/training/fine_tuning.py): what trains, at what rate.
             self.trained = fine_tuning.trained_variables(self.model, settings.trainer.freeze)
             factors = fine_tuning.multipliers(self.trained, settings.trainer.lr_multipliers)
             self.optimizer = _optimizer(settings.trainer, self.global_step, factors)
@@ -410,7 +411,7 @@ class Trainer:
         both call the one traced `_step`. Once `max_nonfinite_steps` in a row were skipped, the loop's later
         steps take their batches but are not live (`_step`): the runner stops on the count, and a loop's first
         step is always live. How each step takes its batch (`ahead`: `trainer.fetch_ahead`):
-        experiments/loop_input.py."""
+        experiments/training/loop_input.py."""
         ahead = self.fetch_ahead and steps is not None
 
         def keep_going(i, *_):
@@ -485,7 +486,7 @@ class Trainer:
 
     def before_loop(self, work) -> None:
         """Runs `work()` once, on the host, as the next train loop starts: what must be in every checkpoint saved
-        after that loop but in none saved before it (the best evaluation's state, experiments/recipes.py)."""
+        after that loop but in none saved before it (the best evaluation's state, experiments/training/recipes.py)."""
         if work not in self._before_loop:
             self._before_loop.append(work)
 
@@ -526,7 +527,7 @@ class Trainer:
 
     def checkpoint(self, iterator=None) -> tf.train.Checkpoint:
         """What a checkpoint holds: model, optimizer (with trainer.ema_decay, the moving averages), global step, random
-        state, the best evaluation so far where the run tracks it (experiments/recipes.py) and, when given, the input
+        state, the best evaluation so far where the run tracks it (experiments/training/recipes.py) and, when given, the input
         iterator.
 
         Keras 3 leaves a Dropout layer's seed-generator state out of the model's checkpoint

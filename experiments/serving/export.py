@@ -13,7 +13,7 @@ Everything between the file and the probabilities is in the graph, built from th
 uses: the dataset's decode (``Task.decode_image``: channels forced, the format read from the bytes, the
 crop and resize of ``dataset.resize`` and ``dataset.crop_fraction`` at ``pipeline.image_size``), the
 evaluation-time preprocessing (``Preprocessing(..., training=False)``), the model in inference mode, and
-experiments/metrics.py's `probabilities` (a sigmoid per logit, or a softmax over classes, in float64).
+experiments/evaluation/metrics.py's `probabilities` (a sigmoid per logit, or a softmax over classes, in float64).
 Every dataset's ``load`` reads the whole image in every split: ImageNet DET's label is its largest box's
 class, but the image is not cropped to that box, so a served image goes through exactly what an
 evaluated one does.
@@ -87,7 +87,7 @@ def input_names(spec) -> tuple:
 
 
 def probabilities(task, logits):
-    """experiments/metrics.py's `probabilities` as graph ops: float64 math, float32 out."""
+    """experiments/evaluation/metrics.py's `probabilities` as graph ops: float64 math, float32 out."""
     logits = tf.cast(logits, tf.float64)
     scores = tf.nn.softmax(logits, axis=-1) if task == "multiclass" else tf.sigmoid(logits)
     return tf.cast(scores, tf.float32)

@@ -42,9 +42,10 @@ from hydra.core.utils import JobStatus
 
 from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.writing import check_place, replacing
-from tf_harness.experiments import hparams, metrics_history
-from tf_harness.experiments.schema import EVALUATING_MODES
-from tf_harness.experiments.sweep_folder import SweepFolder
+from tf_harness.experiments.config.schema import EVALUATING_MODES
+from tf_harness.experiments.evaluation import metrics_history
+from tf_harness.experiments.sweeps import hparams
+from tf_harness.experiments.sweeps.sweep_folder import SweepFolder
 
 log = logging.getLogger(__name__)
 OUTCOME = "job_outcome.json"
@@ -53,7 +54,7 @@ FIELDS = {"status": (int,), "error": (str, type(None)), "job": (int,), "override
           "metric": (str, type(None)), "value": (int, float, type(None))}
 # What a job_outcome.json may hold besides: the value's bootstrap interval and how it was drawn, or why it has none.
 OPTIONAL = {"ci95": (list, type(None)), "interval": (str, type(None))}
-# The records an evaluation writes (experiments/evaluation.py), where a job's reported value is looked up.
+# The records an evaluation writes (experiments/evaluator.py), where a job's reported value is looked up.
 RECORDS = ("metrics.json", "metrics_validation.json", "metrics_test.json")
 
 
@@ -96,7 +97,7 @@ def outcome_of(job_return) -> dict:
 
 
 def headline_of(job: Job, value):
-    """The name of the metric the job reported: its headline metric (experiments/metrics.py), or with
+    """The name of the metric the job reported: its headline metric (experiments/evaluation/metrics.py), or with
     trainer.objective=best trainer.best_metric's; None when it reported none. A job that reported one has imported
     TensorFlow and its Task already."""
     return None if value is None else _headline(job)
@@ -109,7 +110,7 @@ def _reports_best(job: Job) -> bool:
 
 def _headline(job: Job):
     from tf_harness.data import TASKS
-    from tf_harness.experiments import metrics
+    from tf_harness.experiments.evaluation import metrics
     if _reports_best(job) and job.best_metric:
         return job.best_metric
     return metrics.headline(TASKS[job.dataset].SPEC.task)
@@ -122,7 +123,7 @@ def with_recorded_metric(job: Job, run_dir: Path, outcome) -> dict:
     evaluated), so the job reports that evaluation's."""
     if outcome["value"] is not None or outcome["status"] or job.mode not in EVALUATING_MODES:
         return outcome
-    best = _reports_best(job)  # best.json, experiments/recipes.py: the best evaluation of the run
+    best = _reports_best(job)  # best.json, experiments/training/recipes.py: the best evaluation of the run
     values = _read_record(run_dir / ("best.json" if best else "metrics.json"))  # None, or damaged: no metric
     value = (values.get("value") if best else values.get(_headline(job))) if values else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
@@ -132,7 +133,7 @@ def with_recorded_metric(job: Job, run_dir: Path, outcome) -> dict:
 
 def interval_of(job: Job, run_dir: Path, metric, value) -> tuple:
     """(`[low, high]`, how it was drawn: `<level> bootstrap over patients`) of the job's reported `value` of `metric`:
-    the interval the evaluation that computed the value wrote beside it (experiments/evaluation.py), or
+    the interval the evaluation that computed the value wrote beside it (experiments/evaluator.py), or
     (None, `no interval: <why>`) where there is none. The evaluation is the record that holds the value: with
     trainer.objective=best, metrics.jsonl's line of best.json's global step; else metrics.json (or a mode=evaluate's
     record beside it)."""
@@ -194,7 +195,7 @@ def for_the_sweeper(job: Job, outcome) -> tuple:
 
 
 def _chief() -> bool:
-    """Whether this process writes the run directory's files (experiments/strategies.py's is_chief, read from
+    """Whether this process writes the run directory's files (experiments/config/strategies.py's is_chief, read from
     TF_CONFIG): under strategy=multi_worker the other workers share the run directory."""
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     cluster, task = config.get("cluster") or {}, config.get("task") or {}
@@ -298,7 +299,7 @@ class SweepReport:
         return None if job_return.status == JobStatus.FAILED else for_the_sweeper(job, outcome)
 
     def sweep_started(self, sweep: Sweep) -> None:
-        """Claims the sweep folder (experiments/sweep_folder.py: SystemExit(2) where another sweep owns it) and
+        """Claims the sweep folder (experiments/sweeps/sweep_folder.py: SystemExit(2) where another sweep owns it) and
         notes what it held."""
         self._folder = SweepFolder.claim(sweep.dir, list(sweep.overrides), sweep.sweeper)
         self._before = outcome_files(sweep.dir)
@@ -448,7 +449,7 @@ def job_name(outcome) -> str:
 
 class StoredStudy:
     """The Optuna study a sweep adds to (hydra.sweeper.storage), as plain values: its summary line is the sweep
-    report's last (experiments/study.py), counting every trial of the study, whichever process ran it."""
+    report's last (experiments/sweeps/study.py), counting every trial of the study, whichever process ran it."""
 
     def __init__(self, storage: str, name: str, direction: str):
         self.storage, self.name, self.direction = storage, name, direction
@@ -456,7 +457,7 @@ class StoredStudy:
     def summary(self) -> str:
         import optuna
 
-        from tf_harness.experiments import study
+        from tf_harness.experiments.sweeps import study
         try:
             return study.summary_line(optuna.load_study(study_name=self.name, storage=study.open_storage(self.storage)),
                                       self.direction)

@@ -7,7 +7,7 @@ for themselves depends on the device: on a CPU they are chosen from `python -m b
 and `steps variants` (docs/benchmarks.md); with a GPU or TPU, where the layout optimizer and remapping fuse
 kernels that a CPU measurement cannot judge, TensorFlow's defaults stay.
 
-Imports no TensorFlow at the top: experiments/schema.py reads OPTIONS before TensorFlow starts.
+Imports no TensorFlow at the top: experiments/config/schema.py reads OPTIONS before TensorFlow starts.
 """
 
 # tf.config.optimizer.set_experimental_options's keys: each takes true or false (null: TensorFlow's default),
@@ -21,7 +21,7 @@ OPTIONS = ("layout_optimizer", "constant_folding", "shape_optimization", "remapp
 ON_CPU = {"disable_meta_optimizer": True}
 
 
-# What trainer.graph_optimizer takes, and what its null means, for experiments/schema.py's one-line errors.
+# What trainer.graph_optimizer takes, and what its null means, for experiments/config/schema.py's one-line errors.
 NULL = "TensorFlow's defaults with a GPU or TPU, no pass on CPU alone"
 ALLOWED = ("a mapping of Grappler options (" + "|".join(OPTIONS) + ") to true, false or null (min_graph_nodes: an "
            "integer), e.g. {constant_folding:false}")

@@ -1,5 +1,5 @@
 """Evaluation and prediction passes over a split: its logits in table order, an evaluation's metrics and
-summaries (metrics.json, and every evaluation in metrics.jsonl: experiments/metrics_history.py), and predictions.csv.
+summaries (metrics.json, and every evaluation in metrics.jsonl: experiments/evaluation/metrics_history.py), and predictions.csv.
 
 Each role's main evaluates through one `Evaluator` (experiments/sections.py `evaluator`): training on its interval
 (experiments/runner.py), mode=evaluate and predict (experiments/checkpoint_modes.py), the sidecar evaluator
@@ -19,16 +19,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
 from tf_harness.data.integrity.writing import replacing
 from tf_harness.data.tables import path_columns
-from tf_harness.experiments import heatmaps, intervals, metrics, metrics_history
+from tf_harness.experiments.evaluation import heatmaps, intervals, metrics, metrics_history
+from tf_harness.experiments.evaluation.metrics_history import evaluated_record, write_metrics
 from tf_harness.experiments.run_dir import blocking, interrupts
-from tf_harness.experiments.summaries import evaluated_record, write_metrics
 
 log = logging.getLogger(__name__)
 
 # Where mode=evaluate writes an evaluation that must not replace metrics.json, by split.
 BESIDE = {"test": "metrics_test.json", "validation": "metrics_validation.json"}
 PREDICTIONS = "predictions.csv"
-# What a training run adds to its last evaluation's record (experiments/recipes.py): an evaluation of the same
+# What a training run adds to its last evaluation's record (experiments/training/recipes.py): an evaluation of the same
 # step by mode=evaluate keeps them.
 KEPT = ("stopped_early", "best_global_step", "best_value")
 
@@ -54,7 +54,7 @@ class Evaluator:
     trainer's own evaluation, say): metrics.json holds the newest evaluation of the run. `chosen`: the
     `checkpoint=` of mode=evaluate, which never replaces a metrics.json of a later global step either, nor drops
     what the training run added to the one of its own step (`KEPT`). `bootstrap` resamples of `unit` (a table
-    column; None: each example), seeded with `seed`, give each metric's interval (experiments/intervals.py), in
+    column; None: each example), seeded with `seed`, give each metric's interval (experiments/evaluation/intervals.py), in
     every evaluation's record: metrics.json, metrics.jsonl and metrics_test.json.
     """
 
@@ -71,10 +71,10 @@ class Evaluator:
         self._data = None
         self.last_values = {}  # the last evaluation's metrics
         self._logged = (None, {})  # `logged`
-        self._shown = None  # experiments/heatmaps.py's ValidationHeatmaps, made at the first evaluation
+        self._shown = None  # experiments/evaluation/heatmaps.py's ValidationHeatmaps, made at the first evaluation
 
     def logged(self, step, means):
-        """The train scalars logged at global `step` (experiments/actions.py `Log`): an evaluation at that step
+        """The train scalars logged at global `step` (experiments/training/actions.py `Log`): an evaluation at that step
         writes them beside its own in metrics.jsonl, as `train/<name>`."""
         self._logged = (step, {f"train/{name}": value for name, value in means.items()})
 
@@ -204,7 +204,7 @@ class Evaluator:
         return values
 
     def _folds(self, table, count):
-        """The split's folds and its dataset's protocol metrics (experiments/metrics.py `Folds`), or None: unless
+        """The split's folds and its dataset's protocol metrics (experiments/evaluation/metrics.py `Folds`), or None: unless
         all `count` examples of `table` were scored, as a protocol (LFW's folds) is defined on the whole split."""
         return metrics.folds_of(self.spec.name, table) if count == len(table) else None
 

@@ -37,14 +37,14 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from tf_harness.data.errors import ConfigError
+from tf_harness.experiments.config.schema import TRAINING_MODES
 from tf_harness.experiments.run_dir import checkpoints
-from tf_harness.experiments.schema import TRAINING_MODES
 
 log = logging.getLogger(__name__)
 
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"  # the tensor in which tf.train.Checkpoint keeps its object graph
 SHOWN = 8  # names listed per kind of skip; the rest are counted
-_RANDOM_STATE = "seed_generator_state"  # Dropout's random state: not a weight (experiments/trainer.py `checkpoint`)
+_RANDOM_STATE = "seed_generator_state"  # Dropout's random state: not a weight (experiments/training/trainer.py `checkpoint`)
 _AVERAGE = "_average"  # how Keras names a weight's moving average: `<optimizer>/<path, / as _>_average`
 
 

@@ -2,7 +2,7 @@
 
 A `Metric` is a name, a direction, and one function of (labels, scores) that gives the metric under each row of
 example weights ([b, n] -> [b]). The same function scores an evaluation (one row of ones) and the bootstrap's
-resamples (each example's count in each resample: experiments/intervals.py), so an interval is always of the
+resamples (each example's count in each resample: experiments/evaluation/intervals.py), so an interval is always of the
 number it brackets; tests/test_results.py checks every one against scikit-learn. `TASK_METRICS` lists what each
 kind of task writes at every evaluation, its headline first; everything else derives from it: the evaluation
 record, the `/ci95` intervals, compare's rows, trainer.best_metric's allowed values and best_mode's default, the

@@ -4,13 +4,13 @@ itself: it asks a study for trials, runs each as a job through Hydra's launcher,
 - The search space is Hydra's override syntax (`choice`, `range`, `interval`, `tag(log, ...)`), one Optuna
   distribution per key; a plain value is passed to every trial as it is.
 - The sweep folder's owner record is `multirun.yaml`, as a basic sweep's: the command line and the sweeper's
-  settings (the study's name and storage among them), which experiments/sweep_folder.py compares a later sweep into
+  settings (the study's name and storage among them), which experiments/sweeps/sweep_folder.py compares a later sweep into
   the folder with before any job runs.
-- The study is made once (experiments/study.py). Where this process made it, the sampler draws from the configured
+- The study is made once (experiments/sweeps/study.py). Where this process made it, the sampler draws from the configured
   seed; where it found it (a re-run, another process sharing it), the sampler is reseeded, so no two processes draw
   the same points.
 - Each job's number is its trial's number, so a job runs in `<sweep>/<trial number>` (the trial's user attr
-  `run_dir`), and the job finds its trial to report to (experiments/pruning.py).
+  `run_dir`), and the job finds its trial to report to (experiments/sweeps/pruning.py).
 - A trial that was interrupted is retried, not left RUNNING: at the start of a sweep, a RUNNING trial whose folder
   is in this sweep folder (which this process holds alone, so no process runs it) or whose heartbeat stopped
   (another machine's sweep died) is failed and asked again with its parameters. A retry of this sweep folder's
@@ -31,7 +31,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from tf_harness.data.integrity import writing
-from tf_harness.experiments import study as studies
+from tf_harness.experiments.sweeps import study as studies
 
 log = logging.getLogger(__name__)
 # A trial's sweeper records a heartbeat this often; one silent for GRACE_S belonged to a process that died.
@@ -184,7 +184,7 @@ def _recover(study, sweep_dir: Path, directions) -> int:
     import optuna
     from optuna.trial import TrialState
 
-    from tf_harness.experiments.sweep_report import OUTCOME, read_outcome
+    from tf_harness.experiments.sweeps.sweep_report import OUTCOME, read_outcome
 
     with studies.quiet():
         optuna.storages.fail_stale_trials(study)  # heartbeats stopped: the callback retries them

@@ -124,7 +124,7 @@ def sweeper_of(hydra_sweeper) -> dict:
 
 
 def _shown(sweeper: dict) -> str:
-    from tf_harness.experiments.study import shown
+    from tf_harness.experiments.sweeps.study import shown
     words = [sweeper["sweeper"]] + [f"{key}={value if key != 'storage' else shown(str(value))}"
                                     for key, value in sweeper.items() if key != "sweeper" and value is not None]
     return " ".join(words)

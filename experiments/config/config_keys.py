@@ -7,7 +7,7 @@ run's top-level keys and its groups. A field is a key, declared on one line:
 
 - its annotation is the type of the attribute (`settings.trainer.train_steps` is an int);
 - its check (a `Key`: ``integer(1)``, ``one_of(...)``, ``_with_null(key, "what null means")``) is what
-  experiments/schema.py holds the config's value to, before TensorFlow starts;
+  experiments/config/schema.py holds the config's value to, before TensorFlow starts;
 - its re-entry rule says whether a re-entry (experiments/run_dir/reentry.py) may change it: FIXED (the saved
   config's value holds; the default), RUN_CONTROL (the command line may change it) or EVALUATION (it may change
   for mode=evaluate|predict|export only);
@@ -17,7 +17,7 @@ A key that only some datasets, models or strategies have is an `option`, None wh
 which ones have it is their line's options (TASKS in data/__init__.py, BUILDERS in models/__init__.py,
 STRATEGIES here). Everything else is derived from these declarations: `KEYS`, `OPTION_KEYS` and `STRATEGY_KEYS`
 (the schema's tables), `REENTRY` (re-entry's rules), `RECIPES` (the schema's check of a recipe against the dataset,
-and the combination matrix, tests/matrix.py) and `Settings` (experiments/settings.py). So adding a key touches its
+and the combination matrix, tests/matrix.py) and `Settings` (experiments/config/settings.py). So adding a key touches its
 conf/ YAML file and its field here, nothing else.
 
 Nothing here imports TensorFlow.
@@ -35,8 +35,8 @@ from typing import Any
 
 from tf_harness.data import INPUTS, TASKS
 from tf_harness.data.tfrecords.layout import ENCODINGS
+from tf_harness.experiments.config import graph_optimizer
 from tf_harness.models import BUILDERS, MERGES
-from tf_harness.experiments import graph_optimizer
 
 
 # The checks ------------------------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ class Recipe:
     """A training recipe that a key turns on: `on`, a value that turns it on (tests/matrix.py trains every
     dataset, model family and dtype with every recipe that fits, at this value); `fits`, the kinds of task
     (SPEC.task) it is for where it is not for every one, and `why` (a few words: what it does that only they take).
-    Set on a dataset of another kind, it is a config error (experiments/schema.py)."""
+    Set on a dataset of another kind, it is a config error (experiments/config/schema.py)."""
 
     on: Any
     fits: tuple = ()
@@ -231,7 +231,7 @@ def option(check, having: Callable[[str], tuple], reentry=FIXED):
     return field(default=None, metadata={"check": check, "reentry": reentry, "having": having})
 
 
-# The strategies (conf/strategy/<name>.yaml, experiments/strategies.py), each with the keys only it has.
+# The strategies (conf/strategy/<name>.yaml, experiments/config/strategies.py), each with the keys only it has.
 STRATEGIES = {"auto": (), "one_device": (), "mirrored": ("logical_cpus",), "multi_worker": ()}
 
 
@@ -479,7 +479,7 @@ def build(group, values: Mapping):
         elif declared.name in values:
             given[declared.name] = _typed(values[declared.name], declared.type)
         elif "having" not in declared.metadata:
-            raise KeyError(f"the config has no {declared.name}, a key of {group.__name__} (experiments/config_keys.py)")
+            raise KeyError(f"the config has no {declared.name}, a key of {group.__name__} (experiments/config/config_keys.py)")
     return group(**given)
 
 

@@ -32,7 +32,7 @@ def optimizer(name, learning_rate, step=None, momentum=0.9, weight_decay=0.0, em
     `ema_decay` (None: none): the optimizer also keeps an exponential moving average of the variables it
     updates (Keras' `use_ema`, `ema_momentum=ema_decay`), in optimizer variables, so a checkpoint of the
     optimizer holds it. Keras never writes it into the model by itself (`ema_overwrite_frequency` None): the
-    trainer swaps it in for evaluation and export (experiments/trainer.py `averaged`).
+    trainer swaps it in for evaluation and export (experiments/training/trainer.py `averaged`).
 
     `multipliers`: [(variable, factor)], each variable's update taking the learning rate times its factor
     (`with_multipliers`).

@@ -11,11 +11,11 @@ pretrained ResNet-v2 backbone), as warm start names it; a rule is a regular expr
 - `trainer.lr_multipliers`: `{rule: factor}`; a trained variable takes the factor of the first rule, in the order
   written, that matches it: its update uses the learning rate (the schedule's, at the global step) times the
   factor. The optimizer is the configured Keras optimizer with `update_step` taking the factor
-  (experiments/optimizers.py `with_multipliers`), so the checkpoint holds the same variables as without.
+  (experiments/training/optimizers.py `with_multipliers`), so the checkpoint holds the same variables as without.
 
 One log line says what each rule matched; a rule that matches no variable, or a `freeze` that leaves none to train,
 is a config error, in one line. The rules'
-syntax is checked before TensorFlow starts (experiments/schema.py).
+syntax is checked before TensorFlow starts (experiments/config/schema.py).
 """
 import logging
 import re

@@ -1,7 +1,7 @@
-"""The run's settings: the composed config, once experiments/schema.py has checked it, read into typed values.
+"""The run's settings: the composed config, once experiments/config/schema.py has checked it, read into typed values.
 
 `Settings.from_config` is where a run reads its config, and `Job.from_hydra` what Hydra says about the job; every
-module below the entry points takes these values instead. `Settings` is experiments/config_keys.py's `Config`:
+module below the entry points takes these values instead. `Settings` is experiments/config/config_keys.py's `Config`:
 each group a frozen dataclass (`settings.trainer.train_steps` is an int), built from the keys' declarations. The
 objects the data side needs (the dataset's Task, the input pipeline's settings, the preprocessing, the TFRecord
 settings) are built here from them, so no data module sees the config. Nothing here imports TensorFlow until one
@@ -13,12 +13,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tf_harness.experiments import config_keys
+from tf_harness.experiments.config import config_keys
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings(config_keys.Config):
-    """Every setting of one run, typed as experiments/config_keys.py declares each key (conf/ documents them)."""
+    """Every setting of one run, typed as experiments/config/config_keys.py declares each key (conf/ documents them)."""
 
     @classmethod
     def from_config(cls, cfg) -> "Settings":
@@ -45,7 +45,7 @@ class Settings(config_keys.Config):
 
     def task(self):
         """The dataset's Task, with its decode settings, options and loss options (trainer.label_smoothing; the
-        positive weights of trainer.class_weights come from the training split: experiments/class_weights.py)."""
+        positive weights of trainer.class_weights come from the training split: experiments/training/class_weights.py)."""
         from tf_harness.data import TASKS
         from tf_harness.data.images import Decode, image_size
 
@@ -99,7 +99,7 @@ class Job:
     choices: Mapping  # each config group's chosen option (dataset, model, ...)
     sweep_dir: Path | None = None  # the sweep's folder; None for a single run
     sweep_overrides: tuple = ()  # the sweep's own command line and its sweeper's params, as `key=value` strings
-    trial: object = None  # a job of a stored Optuna study: its experiments/study.py JobTrial (sweep.pruner)
+    trial: tuple | None = None  # a job of the harness's sweeper with a stored study: (storage, study, trial number)
 
     @property
     def single(self) -> bool:
@@ -124,6 +124,9 @@ class Job:
         multirun = Path(hydra.sweep.dir) / "multirun.yaml"
         if multirun.is_file():
             overrides += list(OmegaConf.create(reading.read_text(multirun)).hydra.overrides.task)
-        from tf_harness.experiments import study
-
-        return cls(job.run_dir, job.choices, Path(hydra.sweep.dir), tuple(overrides), study.job_trial(hydra))
+        # The harness's sweeper with a stored study numbers its trials as the jobs: experiments/sweeps/study.py.
+        sweeper = hydra.sweeper
+        storage = sweeper.get("storage") if "storage" in sweeper else None
+        stored = str(sweeper.get("_target_", "")).endswith(".StudySweeper") and isinstance(storage, str) and storage
+        trial = (storage, str(sweeper.get("study_name")), int(hydra.job.num)) if stored else None
+        return cls(job.run_dir, job.choices, Path(hydra.sweep.dir), tuple(overrides), trial)

@@ -37,7 +37,8 @@ import tensorflow as tf
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.writing import replacing
-from tf_harness.experiments import metrics, schema
+from tf_harness.experiments.config import schema
+from tf_harness.experiments.evaluation import metrics
 from tf_harness.experiments.run_dir import checkpoints, interrupts
 from tf_harness.experiments.run_dir.directory import no_checkpoint
 
@@ -67,7 +68,7 @@ class Progress(tf.Module):
 
 
 def metric_names(spec) -> tuple:
-    """The validation metrics every evaluation of `spec`'s dataset writes: loss and experiments/metrics.py's, its
+    """The validation metrics every evaluation of `spec`'s dataset writes: loss and experiments/evaluation/metrics.py's, its
     protocol's included (the config check keeps trainer.eval_steps null for those)."""
     classes = len(spec.class_names)
     labels = [[0] * classes, [1] * classes] if spec.task == "multilabel" else [0, 1]
@@ -76,7 +77,7 @@ def metric_names(spec) -> tuple:
 
 
 def best_metric(trainer_settings, spec) -> str:
-    """trainer.best_metric, null meaning the dataset's headline metric (experiments/metrics.py `headline`)."""
+    """trainer.best_metric, null meaning the dataset's headline metric (experiments/evaluation/metrics.py `headline`)."""
     return trainer_settings.best_metric or metrics.headline(spec.task)
 
 

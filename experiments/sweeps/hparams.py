@@ -21,7 +21,7 @@ How the dashboard reads a log dir (TensorBoard 2.21), and what each record does 
   holds. So each job that ends writes one, and an `exit_status` scalar (the job's exit status, a metric column),
   into an event file of its own that replaces the previous job's (`mark_session`).
 
-Nothing here imports TensorFlow: the sweep report (experiments/sweep_report.py) marks sessions with it.
+Nothing here imports TensorFlow: the sweep report (experiments/sweeps/sweep_report.py) marks sessions with it.
 """
 import json
 import logging
@@ -41,7 +41,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.writing import replacing
-from tf_harness.experiments import metrics
+from tf_harness.experiments.evaluation import metrics
 
 log = logging.getLogger(__name__)
 # The job's exit status (README's table), a scalar at the top of the run directory: a metric column.
@@ -52,7 +52,7 @@ SESSION_END = ".session_end"
 
 def sweep_domains(job) -> dict:
     """Each key the sweep varies: a list of the values it lists, (low, high) for an interval, or None for a
-    glob (expanded against conf/). Empty outside a multirun. `job`: experiments/settings.py's Job, whose
+    glob (expanded against conf/). Empty outside a multirun. `job`: experiments/config/settings.py's Job, whose
     `sweep_overrides` are the sweep's own command line and its sweeper's `params` (hparams_search).
     """
     if job.single:
@@ -150,7 +150,7 @@ def swept_tasks(domains) -> list:
 
 
 def protocol_columns(dataset, domains) -> list:
-    """The protocol metrics (experiments/metrics.py `PROTOCOLS`) of `dataset` and of the datasets a sweep over
+    """The protocol metrics (experiments/evaluation/metrics.py `PROTOCOLS`) of `dataset` and of the datasets a sweep over
     `dataset` lists (`domains`, as `swept_tasks` reads them)."""
     from tf_harness.data import TASKS
     names = [dataset, *((domains["dataset"] or list(TASKS)) if "dataset" in domains else ())]

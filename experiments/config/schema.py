@@ -1,6 +1,6 @@
-"""Checks a composed config against the keys experiments/config_keys.py declares, before TensorFlow is imported.
+"""Checks a composed config against the keys experiments/config/config_keys.py declares, before TensorFlow is imported.
 
-Every leaf key of the composed config is declared once, as a field of its group in experiments/config_keys.py;
+Every leaf key of the composed config is declared once, as a field of its group in experiments/config/config_keys.py;
 the tables checked here are derived from those fields:
 
 - ``KEYS``: the keys every run has, by full name (``trainer.*``, ``pipeline.*``, ``tfrecord.*``, ...);
@@ -10,7 +10,7 @@ the tables checked here are derived from those fields:
 The rest is imported from the TensorFlow-free modules that declare it: the datasets, whether an example is one
 image or a pair, and their ``dataset.*`` options from ``TASKS`` (data/__init__.py); the models, what each takes
 and their ``model.*`` options from models/__init__.py. So a dataset or model added there is known here with no
-edit; an option key new to the harness needs its field in experiments/config_keys.py.
+edit; an option key new to the harness needs its field in experiments/config/config_keys.py.
 
 A key in conf/ that is not declared is itself a config error, and so is a declared key missing
 from the composed config, so conf/ and the code cannot drift apart (tests/test_config.py walks them).
@@ -32,10 +32,10 @@ from omegaconf.errors import OmegaConfBaseException
 from tf_harness.data import TASKS
 from tf_harness.models import BUILDERS, smallest_side
 
-from tf_harness.experiments import metrics
+from tf_harness.experiments.evaluation import metrics
 
 # The modes and the tables are declared in config_keys; the rest of the project reads them here too.
-from tf_harness.experiments.config_keys import (  # noqa: F401  names other modules import from the schema
+from tf_harness.experiments.config.config_keys import (  # noqa: F401  names other modules import from the schema
     EVALUATING_MODES, EVALUATION_MODES, KEYS, MODES, ONLY_UNDER, OPTION_KEYS, RECIPES, SERVICE_ADDRESS,
     SIDECAR_MODE, SPLIT_MODES, STRATEGY_KEYS, TRAINING_MODES, Key, _is_int, number, one_of)
 
@@ -49,7 +49,7 @@ def _keys(group, options) -> dict:
 
 
 def _untyped(key) -> Key:
-    return Key(f"of a known type: experiments/config_keys.py declares none for {key} (a field of its group)",
+    return Key(f"of a known type: experiments/config/config_keys.py declares none for {key} (a field of its group)",
                lambda value: False)
 
 
@@ -206,11 +206,11 @@ def _combinations(cfg) -> str | None:
 
 
 def _inert(cfg) -> str | None:
-    """A key declared `only_under` another key's value (experiments/config_keys.py), set away from its default
+    """A key declared `only_under` another key's value (experiments/config/config_keys.py), set away from its default
     (conf/trainer/default.yaml) where that value is not chosen: it would change nothing, and nothing would say so."""
     from tf_harness.data.integrity import reading
 
-    defaults = OmegaConf.create(reading.read_text(Path(__file__).parents[1] / "conf" / "trainer" / "default.yaml"))
+    defaults = OmegaConf.create(reading.read_text(Path(__file__).parents[2] / "conf" / "trainer" / "default.yaml"))
     for key, (option, value) in ONLY_UNDER.items():
         setting, chosen = OmegaConf.select(cfg, key), OmegaConf.select(cfg, option)
         if chosen != value and setting != defaults[key.partition(".")[2]]:
@@ -236,7 +236,7 @@ def _past_the_end(cfg) -> str | None:
 
 def _too_small(cfg) -> str | None:
     """pipeline.image_size below the smallest side the model's network takes (models/__init__.py `smallest_side`).
-    The model is built before training too (experiments/trainer.py `build_model`): what cannot be stated here
+    The model is built before training too (experiments/training/trainer.py `build_model`): what cannot be stated here
     without TensorFlow is refused there."""
     size = OmegaConf.to_container(cfg.pipeline, resolve=True)["image_size"]
     model = OmegaConf.to_container(cfg.model, resolve=True)
@@ -249,7 +249,7 @@ def _too_small(cfg) -> str | None:
 
 
 def best_mode(metric) -> str:
-    """Whether a higher ("max") or a lower ("min") value of `metric` is the better one (experiments/metrics.py)."""
+    """Whether a higher ("max") or a lower ("min") value of `metric` is the better one (experiments/evaluation/metrics.py)."""
     return "min" if metrics.lower_is_better(metric) else "max"
 
 
@@ -292,7 +292,7 @@ def _recipes(cfg) -> str | None:
     return None
 
 
-# The recipes that fit some kinds of task only (SPEC.task), as experiments/config_keys.py declares them
+# The recipes that fit some kinds of task only (SPEC.task), as experiments/config/config_keys.py declares them
 # (docs/training-loop.md#recipes-of-the-field).
 FIELD_RECIPES = {key: recipe for key, recipe in RECIPES.items() if recipe.fits}
 

@@ -1,14 +1,14 @@
 """Pruning (sweep.pruner): a training job that is a trial of a stored Optuna study reports each evaluation's value
 to its trial, and stops where Optuna's pruner says the trial loses.
 
-One action of the training loop, called after an evaluation as early stopping is (experiments/recipes.py):
+One action of the training loop, called after an evaluation as early stopping is (experiments/training/recipes.py):
 `evaluated(values, step)`, then the loop ends once `stopped`. A pruned run saves the step it stopped at, its
 metrics.json says `pruned: true`, the study records the trial PRUNED, and the job exits 0. A pruned trial's run
 directory entered again (a requeued job) has nothing left to train.
 
 Why the job finds its own trial: a Hydra sweeper hands a job its parameters only, never its trial (hydra issue
-1954). The harness's sweeper numbers each job by its trial (experiments/study_sweeper.py), so the job opens the
-study's storage and takes the trial of its number (experiments/study.py's JobTrial). A study that stops answering
+1954). The harness's sweeper numbers each job by its trial (experiments/sweeps/study_sweeper.py), so the job opens the
+study's storage and takes the trial of its number (experiments/sweeps/study.py's JobTrial). A study that stops answering
 never fails the job: it trains on, unpruned, and the sweep tells the study its result.
 """
 import json
@@ -35,7 +35,7 @@ class Pruning:
 
     def __init__(self, name, trial, objective, model_dir: Path, chief: bool):
         """`trial`: the job's study.JobTrial; `objective(values)`: the value the job reports for an evaluation's
-        `values` (experiments/recipes.py); metrics.json in `model_dir` records a pruned run (by the `chief`)."""
+        `values` (experiments/training/recipes.py); metrics.json in `model_dir` records a pruned run (by the `chief`)."""
         self.stopped = False
         self._trial = None
         self._objective, self._model_dir, self._chief = objective, model_dir, chief
@@ -47,7 +47,7 @@ class Pruning:
             return
         from optuna.trial import TrialState
 
-        from tf_harness.experiments import study as studies
+        from tf_harness.experiments.sweeps import study as studies
         self._number = trial.number
         try:
             self._study, self._trial = trial.open(pruner(name))
@@ -69,7 +69,7 @@ class Pruning:
             return
         from optuna.trial import TrialState
 
-        from tf_harness.experiments import study as studies
+        from tf_harness.experiments.sweeps import study as studies
         with interrupts.deferred():  # the report, the decision and its record, together
             try:
                 self._trial.report(float(value), step)

@@ -1,4 +1,5 @@
-"""metrics.jsonl: every evaluation of a run, one JSON object a line, in the order they were made.
+"""metrics.jsonl: every evaluation of a run, one JSON object a line, in the order they were made; and metrics.json,
+the last evaluation alone (`write_metrics`, `evaluated_record`).
 
 metrics.json holds the last evaluation only; metrics.jsonl beside it keeps them all, each with its `global_step`
 and `time` (seconds since the epoch). So do `metrics_test.jsonl` and `metrics_validation.jsonl` for the records
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from tf_harness.data.integrity import reading, writing
+from tf_harness.data.integrity.writing import replacing
 
 log = logging.getLogger(__name__)
 
@@ -85,3 +87,37 @@ def read(model_dir) -> list:
         shown = ", ".join(str(number) for number in damaged[:5]) + (" ..." if len(damaged) > 5 else "")
         log.warning("%s: skipped %d damaged line(s) (line %s): not an evaluation record", path, len(damaged), shown)
     return records
+
+
+def evaluated_step(model_dir):
+    """The global step of the evaluation metrics.json holds; None when there is none yet, or when the file cannot be
+    read (logged: the evaluation is redone, and the file written again)."""
+    record = evaluated_record(model_dir)
+    return None if record is None else record["global_step"]
+
+
+def evaluated_record(model_dir):
+    """The evaluation metrics.json holds, with its int `global_step`; None as for `evaluated_step`."""
+    path = os.path.join(model_dir, "metrics.json")
+    try:
+        values = json.loads(reading.read_text(path))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        problem = f"cannot be read ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+    else:
+        step = values.get("global_step") if isinstance(values, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            return values
+        problem = "holds no global_step"
+    log.warning("%s %s: taking it as no evaluation; the next one writes it again", path, problem)
+    return None
+
+
+def write_metrics(model_dir, values: dict, name="metrics.json"):
+    """Writes metrics.json (or `name` beside it: metrics_test.json, say) atomically, so a reader never sees half a
+    file. The temporary file is this process's own: a sidecar evaluator writes metrics.json beside the trainer."""
+    path = os.path.join(model_dir, name)
+    clean = {key: (None if isinstance(value, float) and math.isnan(value) else value) for key, value in values.items()}
+    with replacing(path) as f:
+        json.dump(clean, f, indent=2, sort_keys=True)

@@ -11,7 +11,7 @@ lies, and Grad-CAM's channel means blur a finer map, which LayerCAM's per-positi
 (`write_top`), and removes the overlays an earlier index listed that the new one does not, so that the folder holds
 what its index lists; each evaluation shows a fixed few validation images' overlays in TensorBoard
 (`ValidationHeatmaps`).
-Datasets of single images only: experiments/schema.py refuses heatmaps for pairs.
+Datasets of single images only: experiments/config/schema.py refuses heatmaps for pairs.
 """
 import logging
 import re

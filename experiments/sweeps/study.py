@@ -1,6 +1,6 @@
 """The Optuna study a sweep keeps in a database (hydra.sweeper.storage): opened and created once, safely, by the
 sweeping process before any trial starts; read back whole for the sweep's summary; and found again by a job, from
-the storage and its trial number, to report its evaluations to (experiments/pruning.py).
+the storage and its trial number, to report its evaluations to (experiments/sweeps/pruning.py).
 
 A storage is a SQLAlchemy URL: `sqlite:///<sweep>/optuna.db` by default (conf/hparams_search/optuna.yaml), or a
 PostgreSQL server (`postgresql+psycopg2://...`) that sweep processes on several machines share. One that cannot be
@@ -63,7 +63,7 @@ def shown(text: str) -> str:
 @contextlib.contextmanager
 def quiet():
     """Without Optuna's warnings that heartbeats are "experimental" and meant for Study.optimize: the harness's
-    sweeper asks and tells its trials, and records their heartbeats itself (experiments/study_sweeper.py)."""
+    sweeper asks and tells its trials, and records their heartbeats itself (experiments/sweeps/study_sweeper.py)."""
     import optuna
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -216,7 +216,7 @@ def create(url: str, name: str, directions, space=None, heartbeat=None):
     """(the study `name` in the storage at `url`, True where this call made it): created, or loaded where it
     exists (a re-run, or another process made it first). `space`, {key: Optuna distribution}, is recorded with a
     study made here and must match a found one's record, as its directions must. `heartbeat`: (interval_s, grace_s,
-    max_retry) for trials the sweeper keeps alive (experiments/study_sweeper.py). Raises StorageError for a storage
+    max_retry) for trials the sweeper keeps alive (experiments/sweeps/study_sweeper.py). Raises StorageError for a storage
     that cannot be opened or a study that does not fit."""
     import optuna
 
@@ -325,14 +325,10 @@ def summary_line(study, direction: str) -> str:
     return f"{head}; best {best.value:.4f} in trial {best.number} ({params}): {where}"
 
 
-def job_trial(hydra_config):
+def job_trial(trial):
     """The JobTrial of a job of the harness's sweeper with a stored study (its job number is its trial number), from
-    the job's Hydra config; None for any other run."""
-    from hydra.types import RunMode
-
-    sweeper = hydra_config.sweeper
-    storage = sweeper.get("storage") if "storage" in sweeper else None
-    if hydra_config.mode != RunMode.MULTIRUN or not str(sweeper.get("_target_", "")).endswith(".StudySweeper") \
-            or not isinstance(storage, str) or not storage:
+    settings.Job's `trial`, (storage, study name, trial number); None for any other run."""
+    if trial is None:
         return None
-    return JobTrial(absolute(storage), str(sweeper.get("study_name")), int(hydra_config.job.num))
+    storage, study_name, number = trial
+    return JobTrial(absolute(storage), study_name, number)

@@ -21,9 +21,11 @@ import logging
 
 from tqdm import tqdm
 
-from tf_harness.experiments import metrics, review, xla_cache
+from tf_harness.experiments.evaluation import metrics, review
+
 from tf_harness.experiments.run_dir import blocking
-from tf_harness.experiments.trainer import LoopStats, NonFiniteLossError
+from tf_harness.experiments.training import xla_cache
+from tf_harness.experiments.training.trainer import LoopStats, NonFiniteLossError
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +86,7 @@ class Profile(Action):
 
 class StartupLine(Action):
     """The start-up clock's line after the first loop; the train step's compiled program published for the next
-    run (experiments/xla_cache.py)."""
+    run (experiments/training/xla_cache.py)."""
 
     def __init__(self, clock):
         self.clock = clock
@@ -156,7 +158,7 @@ class Log(Action):
         values = {**means,
                   "learning_rate": self.trainer.learning_rate,
                   "examples_per_sec": self.trainer.examples_per_step * loops.steps / loops.seconds,
-                  # The share of train time spent waiting for batches (experiments/trainer.py defines it per loop).
+                  # The share of train time spent waiting for batches (experiments/training/trainer.py defines it per loop).
                   "input_wait_fraction": loops.input_wait_fraction,
                   "nonfinite_steps": loops.nonfinite}
         self.summaries.scalars("train", values, step)
@@ -217,7 +219,7 @@ class Evaluate(Action):
 
 
 class BestCheckpoint(Action):
-    """trainer.keep_best and best.json: each evaluation counted for the best so far (experiments/recipes.py)."""
+    """trainer.keep_best and best.json: each evaluation counted for the best so far (experiments/training/recipes.py)."""
 
     def __init__(self, recipes):
         self.recipes = recipes
@@ -228,7 +230,7 @@ class BestCheckpoint(Action):
 
 class EarlyStopping(Action):
     """trainer.early_stopping: stops training once the best has not improved for `patience` evaluations, and saves
-    the step it stopped at (experiments/recipes.py counts the evaluations)."""
+    the step it stopped at (experiments/training/recipes.py counts the evaluations)."""
 
     def __init__(self, recipes, save):
         self.recipes, self.save = recipes, save
@@ -244,7 +246,7 @@ class EarlyStopping(Action):
 
 class Prune(Action):
     """sweep.pruner: each evaluation reported to the job's trial of a stored Optuna study; stops training where the
-    pruner says the trial loses, and saves the step it stopped at (experiments/pruning.py)."""
+    pruner says the trial loses, and saves the step it stopped at (experiments/sweeps/pruning.py)."""
 
     def __init__(self, pruning, recipes, save):
         self.pruning, self.recipes, self.save = pruning, recipes, save

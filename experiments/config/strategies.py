@@ -9,7 +9,7 @@ import json
 import os
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import schema
+from tf_harness.experiments.config import schema
 
 EVALUATOR = "evaluator"  # TF_CONFIG's task type of the process that evaluates beside the workers
 

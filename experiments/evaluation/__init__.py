@@ -1,0 +1,1 @@
+"""What an evaluation computes and keeps: metrics declared once, their intervals, heatmaps, metrics.json(l)."""

@@ -1,0 +1,1 @@
+"""Serving: the SavedModel a run exports."""

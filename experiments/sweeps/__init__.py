@@ -1,0 +1,1 @@
+"""Sweeps: the Optuna study and sweeper, sweep folders, pruning, the sweep report and the HParams record."""

@@ -6,8 +6,8 @@ dataset=chest_xray`, unless --run names such a run), writes `mode=predict heatma
 counts, of the overlays whose class the image has, those whose peak (heatmaps/index.csv) lies on that class's
 square. Chance is the square's share of the image: where a peak placed at random would land.
 
-Two rows, from the same trained model and the same overlays: the heatmaps as experiments/evaluation/heatmaps.py makes them,
-and, for comparison, plain Grad-CAM (channel weights, the mean gradient) at the model's last spatial map, written
+Two rows, from the same trained model and the same overlays: the heatmaps as experiments/evaluation/heatmaps.py makes
+them, and, for comparison, plain Grad-CAM (channel weights, the mean gradient) at the model's last spatial map, written
 here on its own.
 """
 import argparse
@@ -35,7 +35,8 @@ def _train(run_dir):
 
 @contextlib.contextmanager
 def _last_map_grad_cam():
-    """experiments/evaluation/heatmaps.py's LayerCam computing plain Grad-CAM at the model's last spatial map instead."""
+    """experiments/evaluation/heatmaps.py's LayerCam computing plain Grad-CAM at the model's last spatial map
+    instead."""
     import keras
     import tensorflow as tf
 

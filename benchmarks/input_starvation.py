@@ -144,8 +144,8 @@ def starvation(dataset, image_size, args):
         raise SystemExit(f"config error: {first_problem(cfg)}")
     height, width = info.size
     print(f"\n# Starvation check: dataset {dataset}, model {cfg.model.name} via "
-          f"tf_harness.experiments.training.trainer.Trainer, {height}x{width}, batch {args.batch_size}, {args.steps} measured "
-          f"steps per feed, {CORES} cores")
+          f"tf_harness.experiments.training.trainer.Trainer, {height}x{width}, batch {args.batch_size}, "
+          f"{args.steps} measured steps per feed, {CORES} cores")
     keras.utils.set_random_seed(cfg.seed)
     with tempfile.TemporaryDirectory(prefix="starvation-") as workdir:
         real = data_api.train_input(cfg, info.table, workdir, SEED)

@@ -26,7 +26,8 @@ class Preprocessing:
     def __init__(self, augment: bool, flip: bool, normalize: str, seed: int, crop=None, mixup_alpha=0.0,
                  cutmix_alpha=0.0, classes=None):
         """`augment`: random flips (with `flip`) and brightness in training; `normalize`: ``unit_range``
-        or ``per_image_standardization`` (experiments/config/schema.py allows only these); `seed`: the seed of every random draw.
+        or ``per_image_standardization`` (experiments/config/schema.py allows only these); `seed`: the seed of every
+        random draw.
         `crop`: None, or ``{scale: [low, high], ratio: [low, high]}`` (either may be left out): a random resized crop
         of each training image (`random_resized_crop`). `mixup_alpha`, `cutmix_alpha`: 0 (off) or the alpha of the
         Beta draw that mixes a training batch (`mix`), whose labels are class indices out of `classes`."""

@@ -86,7 +86,8 @@ class Task:
 
     def protocol_metrics(self, table, scores) -> dict:
         """Evaluation numbers the dataset's official protocol defines, from a whole split's scores, beyond the
-        metrics its line's ``protocol`` declares (experiments/evaluation/metrics.py `PROTOCOLS`), which every split gets."""
+        metrics its line's ``protocol`` declares (experiments/evaluation/metrics.py `PROTOCOLS`), which every split
+        gets."""
         return {}
 
     def seen_in_training(self, tables, split) -> dict | None:

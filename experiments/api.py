@@ -34,8 +34,8 @@ class RunFailed(RuntimeError):
 
 def run(overrides=(), run_dir=None, actions=()) -> dict:
     """Runs the mode `overrides` name (`key=value` strings, as on the command line) into `run_dir` (None: a new
-    folder under outputs/, as the command line makes one); `actions` (experiments/training/actions.py) are called after the
-    run's own. Returns the final metrics: the last evaluation's, with `global_step`. Raises RunConfigError on a
+    folder under outputs/, as the command line makes one); `actions` (experiments/training/actions.py) are called after
+    the run's own. Returns the final metrics: the last evaluation's, with `global_step`. Raises RunConfigError on a
     config error and RunFailed on another failure, each carrying the command line's line; an interrupt
     (KeyboardInterrupt) saves what the run did, as on the command line. The run directory's lock is let go of
     however it returns, so that another process (a command-line `mode=evaluate`) may use it at once."""

@@ -130,7 +130,8 @@ def note_status(status) -> None:
     _status = max(_status, status)
 
 
-# What prints the report of the sweep under way (experiments/sweeps/sweep_report.py), given the interrupt's line or None.
+# What prints the report of the sweep under way (experiments/sweeps/sweep_report.py), given the interrupt's line or
+# None.
 _sweep_report = None
 
 
@@ -218,7 +219,8 @@ class _Callbacks:
     def __init__(self, config):
         from hydra.utils import instantiate
 
-        self.callbacks = [instantiate(params) for params in (OmegaConf.select(config, "hydra.callbacks") or {}).values()]
+        declared = OmegaConf.select(config, "hydra.callbacks") or {}
+        self.callbacks = [instantiate(params) for params in declared.values()]
 
     def notify(self, hook, **kwargs) -> None:
         for callback in reversed(self.callbacks) if hook.endswith("_end") else self.callbacks:
@@ -258,7 +260,8 @@ def guarded(task, cfg, problem, job, actions=()) -> Outcome:
     would add its own lines, and so that one failed job of a sweep does not stop
     the others. `task` should import TensorFlow itself, so that it starts only
     once the config has passed, and return None or (the headline validation metric or None, the final metrics as a
-    dict). Returns the job's Outcome, which Hydra hands to its sweeper and callbacks (experiments/sweeps/sweep_report.py).
+    dict). Returns the job's Outcome, which Hydra hands to its sweeper and callbacks
+    (experiments/sweeps/sweep_report.py).
     """
     startup.job_started()
     interrupts.started()  # a signal held since a sweep's previous job ended stops the sweep here

@@ -1,5 +1,6 @@
 """Evaluation and prediction passes over a split: its logits in table order, an evaluation's metrics and
-summaries (metrics.json, and every evaluation in metrics.jsonl: experiments/evaluation/metrics_history.py), and predictions.csv.
+summaries (metrics.json, and every evaluation in metrics.jsonl: experiments/evaluation/metrics_history.py), and
+predictions.csv.
 
 Each role's main evaluates through one `Evaluator` (experiments/sections.py `evaluator`): training on its interval
 (experiments/runner.py), mode=evaluate and predict (experiments/checkpoint_modes.py), the sidecar evaluator
@@ -54,8 +55,8 @@ class Evaluator:
     trainer's own evaluation, say): metrics.json holds the newest evaluation of the run. `chosen`: the
     `checkpoint=` of mode=evaluate, which never replaces a metrics.json of a later global step either, nor drops
     what the training run added to the one of its own step (`KEPT`). `bootstrap` resamples of `unit` (a table
-    column; None: each example), seeded with `seed`, give each metric's interval (experiments/evaluation/intervals.py), in
-    every evaluation's record: metrics.json, metrics.jsonl and metrics_test.json.
+    column; None: each example), seeded with `seed`, give each metric's interval (experiments/evaluation/intervals.py),
+    in every evaluation's record: metrics.json, metrics.jsonl and metrics_test.json.
     """
 
     def __init__(self, task, trainer, tables, summaries, model_dir, *, batch_size, eval_steps, seed, input_fn,
@@ -204,8 +205,9 @@ class Evaluator:
         return values
 
     def _folds(self, table, count):
-        """The split's folds and its dataset's protocol metrics (experiments/evaluation/metrics.py `Folds`), or None: unless
-        all `count` examples of `table` were scored, as a protocol (LFW's folds) is defined on the whole split."""
+        """The split's folds and its dataset's protocol metrics (experiments/evaluation/metrics.py `Folds`), or None:
+        unless all `count` examples of `table` were scored, as a protocol (LFW's folds) is defined on the whole
+        split."""
         return metrics.folds_of(self.spec.name, table) if count == len(table) else None
 
     def _protocol(self, table, labels, scores, folds) -> dict:

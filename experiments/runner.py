@@ -125,10 +125,10 @@ class Controller:
                         context=self.context, model_dir=self.model_dir)
 
     def resume(self):
-        """The training iterator and checkpoint manager, restored by the resume policy (experiments/training/warm_start.py):
-        1. the run's own checkpoint, its newest restorable one: all it holds is restored;
-        2. else trainer.init_checkpoint: the model variables matching by name and shape; optimizer fresh, step 0;
-        3. else scratch: the model as built (model.pretrained's weights where set).
+        """The training iterator and checkpoint manager, restored by the resume policy
+        (experiments/training/warm_start.py): 1. the run's own checkpoint, its newest restorable one: all it holds is
+        restored; 2. else trainer.init_checkpoint: the model variables matching by name and shape; optimizer fresh, step
+        0; 3. else scratch: the model as built (model.pretrained's weights where set).
         """
         iterator = iter(self._train_input())
         save_input = self.run_dir.saves_input(self.settings, self.task, self.context)
@@ -147,7 +147,8 @@ class Controller:
 
     def evaluate(self):
         """Evaluates the trainer's weights, then calls the actions' `after_evaluation` (the best checkpoint, early
-        stopping and pruning count it: experiments/training/recipes.py, experiments/sweeps/pruning.py); returns its metrics."""
+        stopping and pruning count it: experiments/training/recipes.py, experiments/sweeps/pruning.py); returns its
+        metrics."""
         values = self.evaluator.evaluate()
         self._call("after_evaluation", self.trainer.step, values)
         return values

@@ -41,7 +41,8 @@ def fresh_state(settings) -> None:
 
 def precision(settings, strategy) -> str:
     """Checks that pipeline.batch_size divides across `strategy`'s replicas (ConfigError), and sets the Keras
-    policy of pipeline.dtype (float32 variables, logits and loss: experiments/training/trainer.py); returns the policy."""
+    policy of pipeline.dtype (float32 variables, logits and loss: experiments/training/trainer.py); returns the
+    policy."""
     replicas = strategy.num_replicas_in_sync
     if settings.pipeline.batch_size % replicas:
         raise ConfigError(f"pipeline.batch_size={settings.pipeline.batch_size} does not divide across {replicas} "

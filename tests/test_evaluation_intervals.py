@@ -2,7 +2,8 @@
 metrics.jsonl of a validation evaluation, as metrics_test.json of a test one, each beside the metrics it already held.
 
 The intervals are checked against scikit-learn's metrics on resamples drawn here with numpy, the units drawn with
-replacement as many as there are (experiments/evaluation/intervals.py's scheme, written again), never against the code itself.
+replacement as many as there are (experiments/evaluation/intervals.py's scheme, written again), never against the code
+itself.
 """
 import json
 

@@ -71,8 +71,8 @@ def test_intervals_are_sklearns_percentiles_over_resampled_units(task):
 
 @pytest.mark.parametrize("task", ["multilabel", "binary", "multiclass"])
 def test_an_evaluations_metrics_are_sklearns_from_the_functions_its_intervals_resample(task):
-    """Each metric is declared once (experiments/evaluation/metrics.py): the evaluation's value is its function under weights
-    of one, the one the bootstrap resamples."""
+    """Each metric is declared once (experiments/evaluation/metrics.py): the evaluation's value is its function under
+    weights of one, the one the bootstrap resamples."""
     from tf_harness.experiments.evaluation import metrics
     labels, scores, _ = _example(task, np.random.default_rng(3))
     names = [f"c{k}" for k in range(scores.shape[1])] if task == "multilabel" else ["same"]

@@ -17,8 +17,8 @@ A key that only some datasets, models or strategies have is an `option`, None wh
 which ones have it is their line's options (TASKS in data/__init__.py, BUILDERS in models/__init__.py,
 STRATEGIES here). Everything else is derived from these declarations: `KEYS`, `OPTION_KEYS` and `STRATEGY_KEYS`
 (the schema's tables), `REENTRY` (re-entry's rules), `RECIPES` (the schema's check of a recipe against the dataset,
-and the combination matrix, tests/matrix.py) and `Settings` (experiments/config/settings.py). So adding a key touches its
-conf/ YAML file and its field here, nothing else.
+and the combination matrix, tests/matrix.py) and `Settings` (experiments/config/settings.py). So adding a key touches
+its conf/ YAML file and its field here, nothing else.
 
 Nothing here imports TensorFlow.
 """
@@ -479,7 +479,8 @@ def build(group, values: Mapping):
         elif declared.name in values:
             given[declared.name] = _typed(values[declared.name], declared.type)
         elif "having" not in declared.metadata:
-            raise KeyError(f"the config has no {declared.name}, a key of {group.__name__} (experiments/config/config_keys.py)")
+            raise KeyError(f"the config has no {declared.name}, a key of {group.__name__} "
+                           f"(experiments/config/config_keys.py)")
     return group(**given)
 
 

@@ -249,7 +249,8 @@ def _too_small(cfg) -> str | None:
 
 
 def best_mode(metric) -> str:
-    """Whether a higher ("max") or a lower ("min") value of `metric` is the better one (experiments/evaluation/metrics.py)."""
+    """Whether a higher ("max") or a lower ("min") value of `metric` is the better one
+    (experiments/evaluation/metrics.py)."""
     return "min" if metrics.lower_is_better(metric) else "max"
 
 

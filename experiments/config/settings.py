@@ -45,7 +45,8 @@ class Settings(config_keys.Config):
 
     def task(self):
         """The dataset's Task, with its decode settings, options and loss options (trainer.label_smoothing; the
-        positive weights of trainer.class_weights come from the training split: experiments/training/class_weights.py)."""
+        positive weights of trainer.class_weights come from the training split:
+        experiments/training/class_weights.py)."""
         from tf_harness.data import TASKS
         from tf_harness.data.images import Decode, image_size
 

@@ -3,8 +3,8 @@
 A resample draws the units the data is drawn in (a patient's images together; a pair; an image), with
 replacement, as many as there are: `resampled_weights` gives each example's count in each resample, and every
 metric is computed as a weighted one, so that a resample is never copied out. The metrics are the declarations of
-experiments/evaluation/metrics.py, the same functions that score the evaluation, vectorised over the resamples. The intervals
-are percentile intervals, seeded, so the same evaluation gives the same interval.
+experiments/evaluation/metrics.py, the same functions that score the evaluation, vectorised over the resamples. The
+intervals are percentile intervals, seeded, so the same evaluation gives the same interval.
 """
 import numpy as np
 import pandas as pd

@@ -53,8 +53,8 @@ from tf_harness.experiments.config.schema import EVALUATION_MODES
 log = logging.getLogger(__name__)
 
 SAVED = Path(".hydra") / "config.yaml"
-# What the command line may change on re-entry (docs/run-directory.md), as experiments/config/config_keys.py declares each
-# key: run-control keys, and those that may change for the evaluation modes only (the checkpoint does not depend on
+# What the command line may change on re-entry (docs/run-directory.md), as experiments/config/config_keys.py declares
+# each key: run-control keys, and those that may change for the evaluation modes only (the checkpoint does not depend on
 # them, but training's saved input iterator depends on the batch size, and training holds the evaluation pairs'
 # people out). `strategy` is a group chosen whole (strategy=mirrored): its keys go with the choice, and are left out.
 RUN_CONTROL = tuple(key for key, rule in REENTRY.items()

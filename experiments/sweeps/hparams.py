@@ -150,7 +150,8 @@ def swept_tasks(domains) -> list:
 
 
 def protocol_columns(dataset, domains) -> list:
-    """The protocol metrics (experiments/evaluation/metrics.py `PROTOCOLS`) of `dataset` and of the datasets a sweep over
+    """The protocol metrics (experiments/evaluation/metrics.py `PROTOCOLS`) of `dataset` and of the datasets a sweep
+    over
     `dataset` lists (`domains`, as `swept_tasks` reads them)."""
     from tf_harness.data import TASKS
     names = [dataset, *((domains["dataset"] or list(TASKS)) if "dataset" in domains else ())]

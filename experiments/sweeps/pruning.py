@@ -35,7 +35,8 @@ class Pruning:
 
     def __init__(self, name, trial, objective, model_dir: Path, chief: bool):
         """`trial`: the job's study.JobTrial; `objective(values)`: the value the job reports for an evaluation's
-        `values` (experiments/training/recipes.py); metrics.json in `model_dir` records a pruned run (by the `chief`)."""
+        `values` (experiments/training/recipes.py); metrics.json in `model_dir` records a pruned run (by the
+        `chief`)."""
         self.stopped = False
         self._trial = None
         self._objective, self._model_dir, self._chief = objective, model_dir, chief

@@ -216,8 +216,8 @@ def create(url: str, name: str, directions, space=None, heartbeat=None):
     """(the study `name` in the storage at `url`, True where this call made it): created, or loaded where it
     exists (a re-run, or another process made it first). `space`, {key: Optuna distribution}, is recorded with a
     study made here and must match a found one's record, as its directions must. `heartbeat`: (interval_s, grace_s,
-    max_retry) for trials the sweeper keeps alive (experiments/sweeps/study_sweeper.py). Raises StorageError for a storage
-    that cannot be opened or a study that does not fit."""
+    max_retry) for trials the sweeper keeps alive (experiments/sweeps/study_sweeper.py). Raises StorageError for a
+    storage that cannot be opened or a study that does not fit."""
     import optuna
 
     made = _sqlite_parts_missing(absolute(url))

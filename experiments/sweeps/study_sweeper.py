@@ -4,9 +4,10 @@ itself: it asks a study for trials, runs each as a job through Hydra's launcher,
 - The search space is Hydra's override syntax (`choice`, `range`, `interval`, `tag(log, ...)`), one Optuna
   distribution per key; a plain value is passed to every trial as it is.
 - The sweep folder's owner record is `multirun.yaml`, as a basic sweep's: the command line and the sweeper's
-  settings (the study's name and storage among them), which experiments/sweeps/sweep_folder.py compares a later sweep into
-  the folder with before any job runs.
-- The study is made once (experiments/sweeps/study.py). Where this process made it, the sampler draws from the configured
+  settings (the study's name and storage among them), which experiments/sweeps/sweep_folder.py compares a later sweep
+  into the folder with before any job runs.
+- The study is made once (experiments/sweeps/study.py). Where this process made it, the sampler draws from the
+configured
   seed; where it found it (a re-run, another process sharing it), the sampler is reseeded, so no two processes draw
   the same points.
 - Each job's number is its trial's number, so a job runs in `<sweep>/<trial number>` (the trial's user attr

@@ -158,7 +158,8 @@ class Log(Action):
         values = {**means,
                   "learning_rate": self.trainer.learning_rate,
                   "examples_per_sec": self.trainer.examples_per_step * loops.steps / loops.seconds,
-                  # The share of train time spent waiting for batches (experiments/training/trainer.py defines it per loop).
+                  # The share of train time spent waiting for batches (experiments/training/trainer.py defines it per
+                  # loop).
                   "input_wait_fraction": loops.input_wait_fraction,
                   "nonfinite_steps": loops.nonfinite}
         self.summaries.scalars("train", values, step)
@@ -219,7 +220,8 @@ class Evaluate(Action):
 
 
 class BestCheckpoint(Action):
-    """trainer.keep_best and best.json: each evaluation counted for the best so far (experiments/training/recipes.py)."""
+    """trainer.keep_best and best.json: each evaluation counted for the best so far
+    (experiments/training/recipes.py)."""
 
     def __init__(self, recipes):
         self.recipes = recipes

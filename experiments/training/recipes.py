@@ -68,8 +68,8 @@ class Progress(tf.Module):
 
 
 def metric_names(spec) -> tuple:
-    """The validation metrics every evaluation of `spec`'s dataset writes: loss and experiments/evaluation/metrics.py's, its
-    protocol's included (the config check keeps trainer.eval_steps null for those)."""
+    """The validation metrics every evaluation of `spec`'s dataset writes: loss and experiments/evaluation/metrics.py's,
+    its protocol's included (the config check keeps trainer.eval_steps null for those)."""
     classes = len(spec.class_names)
     labels = [[0] * classes, [1] * classes] if spec.task == "multilabel" else [0, 1]
     written = metrics.evaluate(spec.task, spec.class_names, labels, [[0.0] * classes, [1.0] * classes])
@@ -77,7 +77,8 @@ def metric_names(spec) -> tuple:
 
 
 def best_metric(trainer_settings, spec) -> str:
-    """trainer.best_metric, null meaning the dataset's headline metric (experiments/evaluation/metrics.py `headline`)."""
+    """trainer.best_metric, null meaning the dataset's headline metric
+    (experiments/evaluation/metrics.py `headline`)."""
     return trainer_settings.best_metric or metrics.headline(spec.task)
 
 

@@ -109,8 +109,8 @@ def resolve_fetch_ahead(fetch_ahead, replicas) -> bool:
 
 def build_model(settings, spec, image_size) -> keras.Model:
     """The network of model=<name> for `image_size` (height, width) images of `spec`. Raises ConfigError, naming the
-    model's keys and pipeline.image_size, when Keras or TensorFlow cannot build it so: experiments/config/schema.py refuses
-    the sizes it can state without TensorFlow, and this refuses the rest before the run writes anything."""
+    model's keys and pipeline.image_size, when Keras or TensorFlow cannot build it so: experiments/config/schema.py
+    refuses the sizes it can state without TensorFlow, and this refuses the rest before the run writes anything."""
     try:
         return BUILDERS[settings.model.name](settings.model, spec, image_size)
     except (ValueError, MemoryError, tf.errors.ResourceExhaustedError) as error:
@@ -527,8 +527,8 @@ class Trainer:
 
     def checkpoint(self, iterator=None) -> tf.train.Checkpoint:
         """What a checkpoint holds: model, optimizer (with trainer.ema_decay, the moving averages), global step, random
-        state, the best evaluation so far where the run tracks it (experiments/training/recipes.py) and, when given, the input
-        iterator.
+        state, the best evaluation so far where the run tracks it (experiments/training/recipes.py) and, when given, the
+        input iterator.
 
         Keras 3 leaves a Dropout layer's seed-generator state out of the model's checkpoint
         (checked: a restored model drew other masks), so a resumed run would diverge; it is saved

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"  # the tensor in which tf.train.Checkpoint keeps its object graph
 SHOWN = 8  # names listed per kind of skip; the rest are counted
-_RANDOM_STATE = "seed_generator_state"  # Dropout's random state: not a weight (experiments/training/trainer.py `checkpoint`)
+# Dropout's random state: not a weight (experiments/training/trainer.py `checkpoint`).
+_RANDOM_STATE = "seed_generator_state"
 _AVERAGE = "_average"  # how Keras names a weight's moving average: `<optimizer>/<path, / as _>_average`
 
 

@@ -80,7 +80,7 @@ def pipeline_alone(data, batches=20):
 
 
 def make_trainer(cfg, info):
-    """The model's Trainer, as experiments/sections.py `build` builds it."""
+    """The model's Trainer, as experiments/assembly.py `build` builds it."""
     from tf_harness.experiments.config import strategies
     from tf_harness.experiments.training.trainer import Trainer
 

@@ -1,22 +1,18 @@
 """mode=evaluate, predict and export: the modes that read a recorded checkpoint, the one `checkpoint=` names.
 
-`main` reads top to bottom: settings, run directory (claim it), data, model, restore, the mode, close. The
-run lock is the trainer's (one process at a time in a run directory), and a directory without a checkpoint is
-refused before anything is written (experiments/run_dir/directory.py `claim`).
+`main` reads top to bottom: the run assembled (experiments/assembly.py, as `Reading` says), restore, the mode,
+close. The run lock is the trainer's (one process at a time in a run directory), and a directory without a
+checkpoint is refused before anything is written (experiments/run_dir/directory.py `claim`).
 """
 import logging
-from pathlib import Path
 
 from tf_harness.data import TASKS
 from tf_harness.data.errors import ConfigError
-from tf_harness.experiments import sections
-from tf_harness.experiments.config import strategies
+from tf_harness.experiments import assembly
+from tf_harness.experiments.config.settings import Job, Settings
 from tf_harness.experiments.evaluation import heatmaps
-from tf_harness.experiments.run_dir import interrupts
-from tf_harness.experiments.run_dir.directory import claim
 from tf_harness.experiments.serving import export
-from tf_harness.experiments.startup import StartupClock
-from tf_harness.experiments.training import recipes, xla_cache
+from tf_harness.experiments.training import recipes
 
 log = logging.getLogger(__name__)
 
@@ -24,38 +20,20 @@ log = logging.getLogger(__name__)
 MODES = {"evaluate": ("validation",), "predict": (), "export": ()}
 
 
-def main(settings, job, actions=()):
+class Reading(assembly.Role):
+    """The role of the modes that read a recorded checkpoint (experiments/assembly.py): the chief writes the
+    event files of its mode (`MODES`)."""
+
+    def events(self, mode: str, writes: bool) -> tuple:
+        return MODES[mode] if writes else ()
+
+
+def main(settings: Settings, job: Job, actions=()):
     """Restores the checkpoint `checkpoint=` names and runs the mode on it; `actions`' `after_evaluation` follows
     an evaluation of the validation split. Returns what experiments/runner.py `run` says."""
-    # Settings ---------------------------------------------------------------------------------------------------
-    clock = StartupClock()
-    model_dir = Path(job.run_dir)
-    sections.fresh_state(settings)
-    strategy = strategies.make_strategy(settings.strategy)
-    policy = sections.precision(settings, strategy)
-
-    # Run directory: claim it ------------------------------------------------------------------------------------
-    # The run lock, a killed run's leftovers, and the refusal of a directory without a checkpoint, before anything
-    # is written. From here on SIGINT and SIGTERM end the run (exit 130/143).
-    interrupts.install()
-    run_dir = claim(settings, model_dir)
-    xla_cache.report()
-    sections.log_start(settings, strategy, policy, f"Run directory: {model_dir}")
-    writes = sections.share(run_dir, strategy)
-
-    # Data: index once, in Python --------------------------------------------------------------------------------
-    task, pipeline = settings.task(), settings.input_pipeline()
-    tables, skipped = sections.index(settings, task, pipeline, settings.mode, clock)
-
-    # Model: network, optimizer and global step ---------------------------------------------------------------
-    trainer = sections.build(settings, task, strategy, clock)
-    sections.first_files(settings, task, tables, skipped, model_dir, writes)
-    summaries = sections.summaries(settings, task, job, model_dir, MODES[settings.mode] if writes else (), writes)
-    note_unreadable = sections.UnreadableFiles(skipped, model_dir, writes)
-    note_unreadable()  # what an earlier life of this run found
-    evaluator = sections.evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable)
-    modes = CheckpointModes(settings, task, trainer, evaluator, run_dir, tables, actions)
-    objective = recipes.Recipes(settings.trainer, task.SPEC, trainer, run_dir)  # trainer.objective: last or best
+    # Assembly: strategy, run directory (claimed), data, model, summaries, evaluator ---------------------------
+    run = assembly.assemble(settings, job, Reading())
+    modes = CheckpointModes(run, actions)
 
     # Restore: the checkpoint `checkpoint=latest|best|<step>` names --------------------------------------------
     modes.restore()
@@ -64,17 +42,17 @@ def main(settings, job, actions=()):
     {"evaluate": modes.evaluate, "predict": modes.predict, "export": modes.export}[settings.mode]()
 
     # Close ------------------------------------------------------------------------------------------------------
-    return sections.close(summaries, evaluator, objective, trainer)
+    return run.close()
 
 
 class CheckpointModes:
     """Restores a recorded checkpoint, then evaluates, predicts or exports it."""
 
-    def __init__(self, settings, task, trainer, evaluator, run_dir, tables, actions=()):
-        """`actions` (experiments/training/actions.py): their `after_evaluation` follows an evaluation of the validation
-        split."""
-        self.settings, self.task, self.spec, self.trainer = settings, task, task.SPEC, trainer
-        self.evaluator, self.run_dir, self.tables, self.actions = evaluator, run_dir, tables, list(actions)
+    def __init__(self, run: assembly.Run, actions=()):
+        """`run`: as experiments/assembly.py assembles it; `actions` (experiments/training/actions.py): their
+        `after_evaluation` follows an evaluation of the validation split."""
+        self.settings, self.task, self.spec, self.trainer = run.settings, run.task, run.task.SPEC, run.trainer
+        self.evaluator, self.run_dir, self.tables, self.actions = run.evaluator, run.run_dir, run.tables, list(actions)
 
     def restore(self):
         """Restores the checkpoint that `checkpoint=latest|best|<step>` names: by default the run's newest

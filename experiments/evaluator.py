@@ -2,7 +2,7 @@
 summaries (metrics.json, and every evaluation in metrics.jsonl: experiments/evaluation/metrics_history.py), and
 predictions.csv.
 
-Each role's main evaluates through one `Evaluator` (experiments/sections.py `evaluator`): training on its interval
+Each role's main evaluates through one `Evaluator` (experiments/assembly.py `make_evaluator`): training on its interval
 (experiments/runner.py), mode=evaluate and predict (experiments/checkpoint_modes.py), the sidecar evaluator
 (experiments/sidecar.py). metrics.json is the training run's last evaluation, which a resumed run reads: an
 evaluation of the test split, or mode=evaluate of a checkpoint older than the one metrics.json holds, is written

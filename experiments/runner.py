@@ -1,12 +1,12 @@
 """The runner: `run` picks the job's role, and each role has its own main, read top to bottom.
 
-- `train` (here): mode=train_and_evaluate and train: settings, run directory (claim it), data, model, restore (the
-  resume point), the loop with its actions, close;
+- `train` (here): mode=train_and_evaluate and train: the run assembled, restore (the resume point), the loop
+  with its actions, close;
 - experiments/checkpoint_modes.py `main`: mode=evaluate, predict and export, which read a recorded checkpoint;
 - experiments/sidecar.py `main`: the sidecar evaluator (mode=continuous_eval, or TF_CONFIG's evaluator task).
 
-The sections they share are named calls into experiments/sections.py, and durability enters as named calls into
-experiments/run_dir/. The training loop is the `Controller`'s.
+Every main gets its run from experiments/assembly.py `assemble`, told how by its role (`Training` here), and
+durability enters as named calls into experiments/run_dir/. The training loop is the `Controller`'s.
 """
 import contextlib
 import logging
@@ -19,15 +19,14 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tf_harness.data import service
 from tf_harness.data.input_fn import input_fn
 from tf_harness.data.integrity import unreadable
-from tf_harness.experiments import checkpoint_modes, sections, sidecar
+from tf_harness.experiments import assembly, checkpoint_modes, sidecar
 from tf_harness.experiments.config import strategies
 from tf_harness.experiments.config.settings import Job, Settings
 from tf_harness.experiments.evaluation import review
 from tf_harness.experiments.run_dir import blocking, interrupts
-from tf_harness.experiments.run_dir.directory import RunDirectory, claim
-from tf_harness.experiments.startup import StartupClock
+from tf_harness.experiments.run_dir.directory import RunDirectory
 from tf_harness.experiments.sweeps import pruning, study
-from tf_harness.experiments.training import actions, recipes, warm_start, xla_cache
+from tf_harness.experiments.training import actions, warm_start
 from tf_harness.experiments.training.trainer import loop_length
 
 log = logging.getLogger(__name__)
@@ -47,40 +46,31 @@ def run(settings: Settings, job: Job, actions=()):
     return train(settings, job, actions)
 
 
+class Training(assembly.Role):
+    """The training role (experiments/assembly.py): a start whose warm start cannot go on, whose model does not
+    fit trainer.init_checkpoint or whose tf.data service has no dispatcher is a config error, before the run's
+    first files; the chief writes train/ and validation/ events."""
+
+    def claim(self, settings: Settings, model_dir: Path) -> RunDirectory:
+        run_dir = super().claim(settings, model_dir)
+        warm_start.check(settings, run_dir.checkpoint_dir)
+        return run_dir
+
+    def check_model(self, settings: Settings, run_dir: RunDirectory, trainer) -> None:
+        warm_start.check_fit(settings, run_dir.checkpoint_dir, trainer.model)
+        if settings.pipeline.service:
+            service.check_dispatcher(settings.pipeline.service)
+
+    def events(self, mode: str, writes: bool) -> tuple:
+        return ("train", "validation") if writes else ()
+
+
 def train(settings: Settings, job: Job, actions=()):
     """mode=train_and_evaluate and train: trains to trainer.train_steps from the resume point, evaluating on
     trainer.eval_every with train_and_evaluate; `run` says what it returns."""
-    # Settings ---------------------------------------------------------------------------------------------------
-    clock = StartupClock()
-    model_dir = Path(job.run_dir)
-    sections.fresh_state(settings)
-    strategy = strategies.make_strategy(settings.strategy)
-    policy = sections.precision(settings, strategy)
-
-    # Run directory: claim it ------------------------------------------------------------------------------------
-    # The run lock, a killed run's leftovers, and the refusals of a start that could not go on, before anything is
-    # written. From here on SIGINT and SIGTERM end the run once what it did is saved (exit 130/143).
-    interrupts.install()
-    run_dir = claim(settings, model_dir)
-    warm_start.check(settings, run_dir.checkpoint_dir)
-    xla_cache.report()
-    sections.log_start(settings, strategy, policy, f"Run directory: {model_dir}")
-    writes = sections.share(run_dir, strategy)  # the chief writes skipped.csv, train/ and the HParams record
-
-    # Data: index once, in Python; everything per example happens in tf.data -----------------------------------
-    task, pipeline = settings.task(), settings.input_pipeline()
-    tables, skipped = sections.index(settings, task, pipeline, settings.mode, clock)
-
-    # Model: network, optimizer and global step ---------------------------------------------------------------
-    trainer = sections.build(settings, task, strategy, clock)
-    warm_start.check_fit(settings, run_dir.checkpoint_dir, trainer.model)  # config errors still leave no folder
-    if settings.pipeline.service:
-        service.check_dispatcher(settings.pipeline.service)
-    sections.first_files(settings, task, tables, skipped, model_dir, writes)
-    summaries = sections.summaries(settings, task, job, model_dir, ("train", "validation") if writes else (), writes)
-    controller = Controller(settings, task, pipeline, trainer, summaries, run_dir, tables, skipped, clock,
-                            context=strategies.input_context(strategy), writes=writes, extra_actions=actions,
-                            trial=study.job_trial(job.trial))
+    # Assembly: strategy, run directory (claimed), data, model, summaries, evaluator ---------------------------
+    run = assembly.assemble(settings, job, Training())
+    controller = Controller(run, extra_actions=actions, trial=study.job_trial(job.trial))
 
     # Restore: 1. the run's own newest restorable checkpoint, 2. trainer.init_checkpoint, 3. scratch ------------
     iterator, manager = controller.resume()
@@ -89,34 +79,29 @@ def train(settings: Settings, job: Job, actions=()):
     controller.train(iterator, manager, evaluate=settings.mode == "train_and_evaluate")
 
     # Close ------------------------------------------------------------------------------------------------------
-    return sections.close(summaries, controller.evaluator, controller.recipes, trainer)
+    return run.close()
 
 
 class Controller:
     """Trains to the step budget from the resume point, evaluating on an interval and checkpointing, with the
     actions (experiments/training/actions.py) after each loop and each evaluation."""
 
-    def __init__(self, settings, task, pipeline, trainer, summaries, run_dir: RunDirectory, tables, skipped, clock,
-                 context=None, writes=True, extra_actions=(), trial=None):
-        """`skipped`: the run's SkipLog, which grows by the image files that fail to decode mid-run;
-        `context`: this worker's tf.distribute.InputContext for training input; `clock`: the start-up clock,
-        whose line `train` logs after its first loop; `writes`: whether this process writes the trainer's files
-        (skipped.csv, train/): the chief; `extra_actions`: actions (experiments/training/actions.py) called after the
-        run's own; `trial`: the job's study.JobTrial, which the evaluations are reported to (sweep.pruner)."""
+    def __init__(self, run: assembly.Run, extra_actions=(), trial=None):
+        """`run`: the training run as experiments/assembly.py assembles it (its evaluator and recipes, its
+        `writes`: whether this process writes the trainer's files, skipped.csv and train/); `extra_actions`:
+        actions (experiments/training/actions.py) called after the run's own; `trial`: the job's study.JobTrial,
+        which the evaluations are reported to (sweep.pruner)."""
+        settings = run.settings
         self.settings, self.trainer_settings = settings, settings.trainer
-        self.task, self.spec, self.pipeline, self.trainer = task, task.SPEC, pipeline, trainer
-        self.summaries, self.run_dir, self.tables, self.skipped = summaries, run_dir, tables, skipped
-        self.clock, self.context, self.writes = clock, context, writes
-        self.model_dir = run_dir.model_dir
-        self.note_unreadable = sections.UnreadableFiles(skipped, self.model_dir, writes)
-        self.note_unreadable()  # what an earlier life of this run found
-        self.evaluator = sections.evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir,
-                                            self.note_unreadable)
-        self.recipes = recipes.Recipes(settings.trainer, task.SPEC, trainer, run_dir)  # best checkpoint, early stopping
+        self.task, self.spec, self.pipeline, self.trainer = run.task, run.task.SPEC, run.pipeline, run.trainer
+        self.summaries, self.run_dir, self.tables, self.skipped = run.summaries, run.run_dir, run.tables, run.skipped
+        self.clock, self.writes, self.model_dir = run.clock, run.writes, run.model_dir
+        self.context = strategies.input_context(run.strategy)  # this worker's share of the training input
+        self.note_unreadable, self.evaluator, self.recipes = run.note_unreadable, run.evaluator, run.recipes
         self.extra_actions = list(extra_actions)
         self.actions = []  # the run's own and `extra_actions`, set as training starts (`_train`)
-        pruner = settings.sweep.pruner if writes else None
-        self.pruning = pruning.Pruning(pruner, trial, self.recipes.objective, self.model_dir, run_dir.chief)
+        pruner = settings.sweep.pruner if run.writes else None
+        self.pruning = pruning.Pruning(pruner, trial, self.recipes.objective, self.model_dir, run.run_dir.chief)
 
     # Training ------------------------------------------------------------------------------------------------
     def _train_input(self):

@@ -24,8 +24,8 @@ task never joins the cluster's MultiWorkerMirroredStrategy. Only a recorded run 
 command line (its saved config is what the checkpoints hold); the evaluator task of a cluster runs the workers'
 own command line and may start before the chief has recorded anything.
 
-`main` is the sidecar's own main, read top to bottom: settings, run directory (its lock and log), data, model, the
-loop over new checkpoints, close. experiments/runner.py `run` picks it (`wanted`); `Watch` decides which checkpoint
+`main` is the sidecar's own main, read top to bottom: the run assembled (experiments/assembly.py, as `Sidecar`
+says: its lock and log before the run directory), the loop over new checkpoints, close. experiments/runner.py `run` picks it (`wanted`); `Watch` decides which checkpoint
 to evaluate and when to stop.
 """
 import logging
@@ -34,13 +34,12 @@ from pathlib import Path
 
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.integrity import writing
-from tf_harness.experiments import sections
+from tf_harness.experiments import assembly
 from tf_harness.experiments.config import strategies
 from tf_harness.experiments.config.schema import SIDECAR_MODE
-from tf_harness.experiments.run_dir import interrupts, reentry, run_lock
-from tf_harness.experiments.run_dir.directory import claim
-from tf_harness.experiments.startup import StartupClock
-from tf_harness.experiments.training import recipes
+from tf_harness.experiments.config.settings import Job, Settings
+from tf_harness.experiments.run_dir import reentry, run_lock
+from tf_harness.experiments.run_dir.directory import RunDirectory, claim
 
 log = logging.getLogger(__name__)
 MODE = SIDECAR_MODE
@@ -53,43 +52,43 @@ def wanted(settings) -> bool:
     return settings.mode == MODE or strategies.is_evaluator()
 
 
-def main(settings, job, actions=()):
+class Sidecar(assembly.Role):
+    """The sidecar's role (experiments/assembly.py): one device whatever the run trains with, its own lock and
+    eval.log before it claims the run directory for reading, validation/ events and metrics.json alone."""
+    beside = True
+
+    def strategy(self, settings: Settings):
+        return strategies.one_device()  # TF_CONFIG was checked with the config
+
+    def claim(self, settings: Settings, model_dir: Path) -> RunDirectory:
+        start(settings, model_dir)
+        return claim(settings, model_dir, evaluator=True)  # reads only: the trainer holds the run lock
+
+    def start_line(self, model_dir: Path) -> str:
+        return f"Run directory: {model_dir}; mode={MODE} logs to {LOG_NAME}, run.log is the trainer's"
+
+    def share(self, run_dir: RunDirectory, strategy) -> bool:
+        return False  # skipped.csv, train/ and the HParams record are the trainer's
+
+    def reads(self, mode: str) -> str:
+        return "evaluate"
+
+    def events(self, mode: str, writes: bool) -> tuple:
+        return ("validation",)
+
+
+def main(settings: Settings, job: Job, actions=()):
     """Evaluates each new checkpoint of the run directory `job.run_dir` on one device, until the final step or
     trainer.eval_timeout; writes validation/, metrics.json and eval.log alone. `actions` are not called: the
     sidecar counts no evaluation for the training run. Returns what experiments/runner.py `run` says."""
-    # Settings ---------------------------------------------------------------------------------------------------
-    clock = StartupClock()
-    model_dir = Path(job.run_dir)
-    sections.fresh_state(settings)
-    strategy = strategies.one_device()  # whatever the run trains with; TF_CONFIG was checked with the config
-    policy = sections.precision(settings, strategy)
-
-    # Run directory: its own lock and eval.log, before anything is written ----------------------------------------
-    interrupts.install()
-    start(settings, model_dir)
-    run_dir = claim(settings, model_dir, evaluator=True)  # reads only: the trainer holds the run lock
-    sections.log_start(settings, strategy, policy, f"Run directory: {model_dir}; mode={MODE} logs to {LOG_NAME}, "
-                                                   f"run.log is the trainer's")
-
-    # Data: index once, in Python --------------------------------------------------------------------------------
-    task, pipeline = settings.task(), settings.input_pipeline()
-    tables, skipped = sections.index(settings, task, pipeline, "evaluate", clock)
-
-    # Model: network and global step, to restore each checkpoint into -----------------------------------------
-    trainer = sections.build(settings, task, strategy, clock)
-    sections.first_files(settings, task, tables, skipped, model_dir, writes=False)  # skipped.csv is the trainer's
-    summaries = sections.summaries(settings, task, job, model_dir, ("validation",), writes=False)
-    note_unreadable = sections.UnreadableFiles(skipped, model_dir, writes=False)
-    note_unreadable()
-    evaluator = sections.evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable,
-                                   beside=True)
-    objective = recipes.Recipes(settings.trainer, task.SPEC, trainer, run_dir)  # trainer.objective: last or best
+    # Assembly: one device, its lock and eval.log, data, model, validation summaries, evaluator -------------------
+    run = assembly.assemble(settings, job, Sidecar())
 
     # Loop: each new checkpoint, restored and evaluated ------------------------------------------------------------
-    evaluate_each(settings, run_dir.checkpoint_dir, trainer, evaluator)
+    evaluate_each(settings, run.run_dir.checkpoint_dir, run.trainer, run.evaluator)
 
     # Close ------------------------------------------------------------------------------------------------------
-    return sections.close(summaries, evaluator, objective, trainer)
+    return run.close()
 
 
 def start(settings, model_dir) -> None:

@@ -30,11 +30,11 @@ def test_layers_and_no_import_cycles():
     assert "Contracts: 2 kept, 0 broken." in result.stdout
 
 
-# Each role's main, and the banner sections it reads in, in the order a run takes them.
-_MAINS = {("experiments/runner.py", "train"): ["Settings", "Run directory", "Data", "Model", "Restore", "Loop", "Close"],
-          ("experiments/checkpoint_modes.py", "main"): ["Settings", "Run directory", "Data", "Model", "Restore",
-                                                         "The mode", "Close"],
-          ("experiments/sidecar.py", "main"): ["Settings", "Run directory", "Data", "Model", "Loop", "Close"]}
+# Each role's main, and the banner sections it reads in, in the order a run takes them; the assembly they share.
+_MAINS = {("experiments/runner.py", "train"): ["Assembly", "Restore", "Loop", "Close"],
+          ("experiments/checkpoint_modes.py", "main"): ["Assembly", "Restore", "The mode", "Close"],
+          ("experiments/sidecar.py", "main"): ["Assembly", "Loop", "Close"],
+          ("experiments/assembly.py", "assemble"): ["Settings", "Run directory", "Data", "Model", "Outputs"]}
 
 
 def _function(path, name):
@@ -46,8 +46,9 @@ def _function(path, name):
 
 @pytest.mark.parametrize("path, name", list(_MAINS))
 def test_each_roles_main_reads_top_to_bottom_in_its_sections_without_a_branch_on_the_role(path, name):
-    """A role's main is one function in banner sections, in the order a run takes them, about a screen long, and
-    no `if` in it asks for the mode or whether it is the sidecar: experiments/runner.py `run` picks the role."""
+    """A role's main, and the assembly each one takes its run from, is one function in banner sections, in the
+    order a run takes them, about a screen long, and no `if` in it asks for the mode or whether it is the sidecar:
+    experiments/runner.py `run` picks the role, and the role's declaration says how its run is assembled."""
     body, main = _function(path, name)
     banners = [re.match(r"\s*# ([A-Z][a-z]+(?: [a-z]+)?)\b", line).group(1) for line in body
                if re.fullmatch(r"\s*# .*-{10,}", line)]
@@ -65,6 +66,24 @@ def test_one_function_picks_the_role():
     callers = _calls("sidecar", "main") + _calls("checkpoint_modes", "main")
     assert len(callers) == 2 and all(caller.startswith("experiments/runner.py:") and int(caller.split(":")[1]) in lines
                                      for caller in callers), callers
+
+
+def test_every_main_takes_its_run_from_the_one_assembly():
+    """Each role's main calls experiments/assembly.py `assemble` once, and the product makes the strategy, the
+    Trainer, the summaries and the evaluator there alone: the mains differ only in what they do with the run."""
+    assembled = _calls("assembly", "assemble")
+    for (path, name) in [main for main in _MAINS if main[1] != "assemble"]:
+        _, main = _function(path, name)
+        inside = [call for call in assembled if call.startswith(f"{path}:")
+                  and main.lineno <= int(call.split(":")[1]) <= main.end_lineno]
+        assert len(inside) == 1, (path, assembled)
+    assert len(assembled) == 3, assembled
+    made = (_calls("strategies", "make_strategy") + _calls("trainer", "Trainer") + _calls("summaries", "Summaries")
+            + _calls("tf_harness.experiments.training.trainer", "Trainer")
+            + _calls("tf_harness.experiments.summaries", "Summaries")
+            + _calls("tf_harness.experiments.evaluator", "Evaluator"))
+    made = [call for call in made if not call.startswith("benchmarks/")]  # a benchmark builds what it times
+    assert made and all(call.startswith("experiments/assembly.py:") for call in made), made
 
 
 def _reads_the_config(tree) -> bool:
@@ -157,7 +176,7 @@ def test_no_module_uses_hydras_internals_or_rewrites_the_command_line():
 # claim, the HParams record (every key is a column) and the Trainer (model, pipeline and trainer groups at once).
 WHOLE_SETTINGS = {"data/tfrecords/__main__.py", "experiments/checkpoint_modes.py", "experiments/cli.py",
                   "experiments/sweeps/hparams.py", "experiments/run_dir/directory.py", "experiments/run_dir/input_record.py",
-                  "experiments/runner.py", "experiments/sections.py", "experiments/sidecar.py", "experiments/summaries.py",
+                  "experiments/runner.py", "experiments/assembly.py", "experiments/sidecar.py", "experiments/summaries.py",
                   "experiments/training/trainer.py", "experiments/training/warm_start.py"}
 
 

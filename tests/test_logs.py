@@ -41,7 +41,7 @@ def test_log_lines_start_their_own_line_above_the_bar(smoke):
     # On a terminal '\r' returns to the line's start: a log line that follows a bar without clearing it is garbled.
     segments = [segment for line in output.split("\n") for segment in line.split("\r")]
     logged = [segment for segment in segments
-              if re.search(r"\]\[tf_harness\.experiments\.(runner|sections|training\.actions|evaluator)\]\[INFO\] - ", segment)]
+              if re.search(r"\]\[tf_harness\.experiments\.(runner|assembly|training\.actions|evaluator)\]\[INFO\] - ", segment)]
     assert len(logged) >= 6  # 4 step lines and 2 evaluations
     assert all(segment.startswith("[") for segment in logged), logged
 

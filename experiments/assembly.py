@@ -1,12 +1,15 @@
-"""The sections every role's main takes, in order, each one named call: TensorFlow's state, the precision
-policy, the start's log lines, the worker's share of the run directory, the data indexed once, the Trainer built,
-the run's first files, its summaries, its evaluator, and the close.
+"""One assembly for every role: `assemble` builds a run from its settings, in the order a run takes them (the
+strategy and precision, the run directory claimed, the data indexed once, the Trainer, the run's first files, its
+summaries, evaluator and recipes), and each role's main differs only in what it does with the `Run` it gets.
 
 The mains are experiments/runner.py `train` (mode=train_and_evaluate and train), experiments/checkpoint_modes.py
 `main` (evaluate, predict and export) and experiments/sidecar.py `main` (continuous_eval). What differs between
-the roles (the strategy, the claim, the restore, the loop) stays in the mains; what they share is here.
+the roles as a run is assembled (the strategy, the claim, the checks of a built model, the event files, whether
+the process writes the run's files) is its `Role`, declared beside its main.
 """
+import dataclasses
 import logging
+from pathlib import Path
 
 import keras
 import tensorflow as tf
@@ -19,13 +22,120 @@ from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
 from tf_harness.experiments.config import strategies
+from tf_harness.experiments.config.settings import Job, Settings
 from tf_harness.experiments.evaluator import Evaluator
+from tf_harness.experiments.run_dir import interrupts
+from tf_harness.experiments.run_dir.directory import RunDirectory, claim
+from tf_harness.experiments.startup import StartupClock
 from tf_harness.experiments.summaries import Summaries
-from tf_harness.experiments.training import class_weights
+from tf_harness.experiments.training import class_weights, recipes, xla_cache
 from tf_harness.experiments.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 _POLICIES = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+
+
+class Role:
+    """How a role's run is assembled. The defaults are a process in the run's strategy that holds the run lock and
+    reads its splits as its mode does; experiments/runner.py, checkpoint_modes.py and sidecar.py each declare the
+    role of their main."""
+    beside = False  # the sidecar evaluator, beside the process that trains the run (experiments/evaluator.py)
+
+    def strategy(self, settings: Settings) -> tf.distribute.Strategy:
+        """The tf.distribute strategy this process runs in: settings.strategy's."""
+        return strategies.make_strategy(settings.strategy)
+
+    def claim(self, settings: Settings, model_dir: Path) -> RunDirectory:
+        """The run directory, claimed before anything is written (experiments/run_dir/directory.py `claim`: the
+        run lock, a killed run's leftovers, the refusals of a start that could not go on)."""
+        return claim(settings, model_dir)
+
+    def start_line(self, model_dir: Path) -> str:
+        """The start's last log line, which names the run directory."""
+        return f"Run directory: {model_dir}"
+
+    def share(self, run_dir: RunDirectory, strategy) -> bool:
+        """Whether this process writes the run's files: under multi_worker the chief alone (`share`)."""
+        return share(run_dir, strategy)
+
+    def reads(self, mode: str) -> str:
+        """The mode whose splits' damaged shards are counted as the data is indexed."""
+        return mode
+
+    def check_model(self, settings: Settings, run_dir: RunDirectory, trainer: Trainer) -> None:
+        """What makes the start a config error once the model is built, before the run's first files."""
+
+    def events(self, mode: str, writes: bool) -> tuple:
+        """The splits whose event files this process writes in `mode` (`writes`: whether it writes the run's)."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass
+class Run:
+    """A run as `assemble` builds it, for its role's main to use."""
+    settings: Settings
+    job: Job
+    clock: StartupClock  # the start-up clock, whose line the training main logs after its first loop
+    strategy: tf.distribute.Strategy
+    run_dir: RunDirectory
+    writes: bool  # whether this process writes the run's files (skipped.csv, train/, the HParams record)
+    task: object  # the dataset's Task (data/task.py)
+    pipeline: object  # its InputPipeline settings
+    tables: dict  # each split's table, indexed once
+    skipped: SkipLog  # the run's skipped rows, which grow by the image files that fail to decode mid-run
+    trainer: Trainer
+    summaries: Summaries
+    note_unreadable: "UnreadableFiles"
+    evaluator: Evaluator
+    recipes: recipes.Recipes  # the best checkpoint, early stopping, and trainer.objective: last or best
+
+    @property
+    def model_dir(self) -> Path:
+        return self.run_dir.model_dir
+
+    def close(self):
+        """The summaries closed; returns (the job's objective: trainer.objective, last or best, a sweeper
+        optimises; the final metrics: the last evaluation's, with the global step reached)."""
+        self.summaries.close()
+        last = self.evaluator.last_values
+        return self.recipes.objective(last), {**last, "global_step": self.trainer.step}
+
+
+def assemble(settings: Settings, job: Job, role: Role) -> Run:
+    """The run of `job` with `settings`, as `role` assembles it: nothing is written before the run directory is
+    claimed, and a model this config cannot build is a config error that leaves no file of the run."""
+    # Settings ---------------------------------------------------------------------------------------------------
+    clock = StartupClock()
+    fresh_state(settings)
+    strategy = role.strategy(settings)
+    policy = precision(settings, strategy)
+
+    # Run directory: claim it ------------------------------------------------------------------------------------
+    # From here on SIGINT and SIGTERM end the run once what it did is saved (exit 130/143).
+    interrupts.install()
+    run_dir = role.claim(settings, Path(job.run_dir))
+    xla_cache.report()
+    log_start(settings, strategy, policy, role.start_line(run_dir.model_dir))
+    writes = role.share(run_dir, strategy)
+
+    # Data: index once, in Python; everything per example happens in tf.data -----------------------------------
+    task, pipeline = settings.task(), settings.input_pipeline()
+    tables, skipped = index(settings, task, pipeline, role.reads(settings.mode), clock)
+
+    # Model: network, optimizer and global step ---------------------------------------------------------------
+    trainer = build(settings, task, strategy, clock)
+    role.check_model(settings, run_dir, trainer)
+
+    # Outputs: the first files, the summaries, the evaluator, the recipes ----------------------------------------
+    first_files(settings, task, tables, skipped, run_dir.model_dir, writes)
+    summaries = open_summaries(settings, task, job, run_dir.model_dir, role.events(settings.mode, writes), writes)
+    note_unreadable = UnreadableFiles(skipped, run_dir.model_dir, writes)
+    note_unreadable()  # what an earlier life of this run found
+    evaluator = make_evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable,
+                               beside=role.beside)
+    made = recipes.Recipes(settings.trainer, task.SPEC, trainer, run_dir)
+    return Run(settings, job, clock, strategy, run_dir, writes, task, pipeline, tables, skipped, trainer, summaries,
+               note_unreadable, evaluator, made)
 
 
 def fresh_state(settings) -> None:
@@ -104,7 +214,7 @@ def first_files(settings, task, tables, skipped, model_dir, writes) -> None:
     class_weights.prepare(settings.trainer.class_weights, task, tables, model_dir, write=writes)
 
 
-def summaries(settings, task, job, model_dir, splits, writes) -> Summaries:
+def open_summaries(settings, task, job, model_dir, splits, writes) -> Summaries:
     """Event writers for `splits` alone, so that a process with no events to write leaves the folder as it was;
     where this process `writes` the run's files, the HParams record, after skipped.csv."""
     opened = Summaries(str(model_dir), splits)
@@ -129,8 +239,8 @@ class UnreadableFiles:
             self.skipped.write(self.model_dir / "skipped.csv")
 
 
-def evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable,
-              beside=False) -> Evaluator:
+def make_evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable,
+                   beside=False) -> Evaluator:
     """The run's Evaluator, reading each split's evaluation pipeline through data/input_fn.py; `beside`: this is
     the sidecar evaluator (experiments/evaluator.py says what each writes)."""
     def eval_input(split, rows=None):
@@ -142,11 +252,3 @@ def evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, not
                      note_unreadable=note_unreadable, write=run_dir.chief, beside=beside,
                      chosen=settings.checkpoint if settings.mode == "evaluate" else None,
                      bootstrap=settings.evaluation.bootstrap, unit=TASKS.entries[task.SPEC.name].unit)
-
-
-def close(summaries, evaluator, recipes, trainer):
-    """The summaries closed; returns (the job's objective: trainer.objective, last or best, a sweeper optimises;
-    the final metrics: the last evaluation's, with the global step reached)."""
-    summaries.close()
-    last = evaluator.last_values
-    return recipes.objective(last), {**last, "global_step": trainer.step}

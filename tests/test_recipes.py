@@ -80,6 +80,31 @@ def test_clipping_scales_the_update_to_the_global_norm_and_logs_the_norm_before(
     np.testing.assert_allclose(moved / 0.5, limit, rtol=1e-3)  # ...and the update's, clipped
 
 
+def test_under_float16_a_step_the_loss_scale_skips_leaves_its_infinite_gradient_norm_out_of_the_mean():
+    """A step whose scaled float16 gradients overflow is skipped by the loss-scale optimizer, which lowers its
+    scale; its gradient norm is infinite. The loop's means leave it out, and a window with such a step still shows
+    the mean of the others: an infinite mean hid them."""
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        tf.keras.utils.set_random_seed(0)
+        trainer = make_trainer("pipeline.dtype=float16", "trainer.clip_global_norm=1.0")
+        batches = iter(pairs().repeat().batch(BATCH))
+        trainer.optimizer.dynamic_scale.assign(2.0 ** 100)  # any gradient overflows float16 at this scale
+        overflowed = trainer.train_loop(batches, 1)
+        trainer.optimizer.dynamic_scale.assign(1.0)
+        normal = trainer.train_loop(batches, 2)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert {"loss", "gradient_norm"} <= overflowed.sums.keys() and overflowed.nonfinite == 0  # the loss was finite
+    assert "gradient_norm" not in overflowed.means and np.isfinite(overflowed.loss)
+    assert normal.counts["gradient_norm"] == 2 and np.isfinite(normal.means["gradient_norm"])
+    window = type(normal).merge([overflowed, normal])
+    assert window.means["gradient_norm"] == pytest.approx(normal.means["gradient_norm"])
+    assert window.counts["loss"] == 3 and np.isfinite(window.loss)
+
+
 @pytest.mark.slow  # end-to-end runs
 def test_the_gradient_norm_is_a_train_scalar_with_clipping_only(tmp_path):
     from tests.conftest import event_tags

@@ -153,8 +153,7 @@ class Log(Action):
             return
         loops = LoopStats.merge(self.window)
         self.window.clear()
-        means = loops.means
-        means = {"loss": means.pop("loss"), **means}  # the loss, then what `Trainer.train_step` measured
+        means = {"loss": loops.loss, **loops.means}  # the loss, then what `Trainer.train_step` measured
         values = {**means,
                   "learning_rate": self.trainer.learning_rate,
                   "examples_per_sec": self.trainer.examples_per_step * loops.steps / loops.seconds,

@@ -46,23 +46,28 @@ class LoopStats:
     wait: float  # seconds the steps waited for their batches (module docstring)
     seconds: float  # wall time on the host
     sums: dict  # each scalar the applied steps measured (`Trainer.train_step`'s, and the loss), summed over them
+    counts: dict  # for each scalar, the applied steps whose value was finite: those `sums` adds up
 
     @classmethod
     def merge(cls, loops):
         return cls(steps=sum(s.steps for s in loops), nonfinite=sum(s.nonfinite for s in loops),
                    nonfinite_in_a_row=loops[-1].nonfinite_in_a_row, wait=sum(s.wait for s in loops),
                    seconds=sum(s.seconds for s in loops),
-                   sums={name: sum(s.sums[name] for s in loops) for name in loops[0].sums})
+                   sums={name: sum(s.sums[name] for s in loops) for name in loops[0].sums},
+                   counts={name: sum(s.counts[name] for s in loops) for name in loops[0].counts})
 
     @property
     def means(self) -> dict:
-        """Each measured scalar's mean over the applied steps: what the train scalars show (NaN with none applied)."""
-        applied = self.steps - self.nonfinite
-        return {name: total / applied if applied else float("nan") for name, total in self.sums.items()}
+        """Each measured scalar's mean over the applied steps where it was finite: what the train scalars show. A
+        value that is not finite is left out of its mean: under float16, the gradient norm of a step whose scaled
+        gradients overflowed, which the loss-scale optimizer skips as it lowers its scale. A scalar with no finite
+        value in these loops has no mean."""
+        return {name: total / self.counts[name] for name, total in self.sums.items() if self.counts[name]}
 
     @property
     def loss(self) -> float:
-        return self.means["loss"]
+        """The mean loss; NaN when no step was applied."""
+        return self.means.get("loss", float("nan"))
 
     @property
     def input_wait_fraction(self) -> float:
@@ -417,7 +422,7 @@ class Trainer:
         def keep_going(i, *_):
             return i < steps  # on the host: the condition never waits for the device
 
-        def body(i, in_a_row, ready_at, wait, sums, applied, live_steps, fetched):
+        def body(i, in_a_row, ready_at, wait, sums, counts, applied, live_steps, fetched):
             batch = fetched  # fetched ahead, or () when each step fetches its own
             if not ahead:
                 batch, waited = self._fetch(iterator, after=ready_at)
@@ -433,22 +438,26 @@ class Trainer:
                 fetched, fetched_at = tf.cond(more, lambda: self._fetch_early(iterator),
                                               lambda: (batch, tf.constant(0.0, tf.float64)))
                 wait += tf.where(more, tf.maximum(fetched_at - done_at, 0.0), 0.0)
-            sums = {name: (0.0 if sums is None else sums[name]) + tf.where(step_applied, value, 0.0)
+            counted = {name: tf.logical_and(step_applied, tf.math.is_finite(value)) for name, value in measured.items()}
+            sums = {name: (0.0 if sums is None else sums[name]) + tf.where(counted[name], value, 0.0)
                     for name, value in measured.items()}
-            return (i + 1, in_a_row, done_at, wait, sums, applied + tf.cast(step_applied, tf.int32),
+            counts = {name: (0 if counts is None else counts[name]) + tf.cast(counted[name], tf.int32)
+                      for name, value in measured.items()}
+            return (i + 1, in_a_row, done_at, wait, sums, counts, applied + tf.cast(step_applied, tf.int32),
                     live_steps + tf.cast(step_live, tf.int32), fetched)
 
         started_at, batch, wait = self.input.clock(), (), tf.constant(0.0, tf.float64)
         if ahead:  # the first batch before the loop, so every step in it finds its batch fetched
             batch, wait = self._fetch(iterator, after=started_at)
-        start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, None, tf.constant(0),
+        start = (tf.constant(0), self.nonfinite_in_a_row.read_value(), started_at, wait, None, None, tf.constant(0),
                  tf.constant(0), batch)
         end = body(*start)
         # `_train_one` (steps None): the body once, with no loop for the graph optimizer to work through.
         if steps is not None:
             end = tf.while_loop(keep_going, body, end)
-        _, in_a_row, _, wait, sums, applied, live_steps, _ = end
-        return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "applied": applied, "sums": sums}
+        _, in_a_row, _, wait, sums, counts, applied, live_steps, _ = end
+        return {"steps": live_steps, "in_a_row": in_a_row, "wait": wait, "applied": applied, "sums": sums,
+                "counts": counts}
 
     def _fetch(self, iterator, after):
         """A step's batch, fetched once `after` has run, and its wait; with trainer.accumulate_steps, its update's
@@ -506,7 +515,8 @@ class Trainer:
         ran = int(out["steps"])  # only a step that ran (a live one) is ever applied
         return LoopStats(steps=ran, nonfinite=ran - int(out["applied"]), nonfinite_in_a_row=int(out["in_a_row"]),
                          wait=float(out["wait"]), seconds=seconds,
-                         sums={name: float(value) for name, value in out["sums"].items()})
+                         sums={name: float(value) for name, value in out["sums"].items()},
+                         counts={name: int(value) for name, value in out["counts"].items()})
 
     def _eval_step(self, features, labels, weights):
         def replica_step(features, labels, weights):

@@ -441,8 +441,8 @@ class Trainer:
             counted = {name: tf.logical_and(step_applied, tf.math.is_finite(value)) for name, value in measured.items()}
             sums = {name: (0.0 if sums is None else sums[name]) + tf.where(counted[name], value, 0.0)
                     for name, value in measured.items()}
-            counts = {name: (0 if counts is None else counts[name]) + tf.cast(counted[name], tf.int32)
-                      for name, value in measured.items()}
+            counts = {name: (0 if counts is None else counts[name]) + tf.cast(finite, tf.int32)
+                      for name, finite in counted.items()}
             return (i + 1, in_a_row, done_at, wait, sums, counts, applied + tf.cast(step_applied, tf.int32),
                     live_steps + tf.cast(step_live, tf.int32), fetched)
 

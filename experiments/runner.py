@@ -91,23 +91,18 @@ class Controller:
         `writes`: whether this process writes the trainer's files, skipped.csv and train/); `extra_actions`:
         actions (experiments/training/actions.py) called after the run's own; `trial`: the job's study.JobTrial,
         which the evaluations are reported to (sweep.pruner)."""
-        settings = run.settings
-        self.settings, self.trainer_settings = settings, settings.trainer
-        self.task, self.spec, self.pipeline, self.trainer = run.task, run.task.SPEC, run.pipeline, run.trainer
-        self.summaries, self.run_dir, self.tables, self.skipped = run.summaries, run.run_dir, run.tables, run.skipped
-        self.clock, self.writes, self.model_dir = run.clock, run.writes, run.model_dir
+        self.run = run
         self.context = strategies.input_context(run.strategy)  # this worker's share of the training input
-        self.note_unreadable, self.evaluator, self.recipes = run.note_unreadable, run.evaluator, run.recipes
         self.extra_actions = list(extra_actions)
         self.actions = []  # the run's own and `extra_actions`, set as training starts (`_train`)
-        pruner = settings.sweep.pruner if run.writes else None
-        self.pruning = pruning.Pruning(pruner, trial, self.recipes.objective, self.model_dir, run.run_dir.chief)
+        pruner = run.settings.sweep.pruner if run.writes else None
+        self.pruning = pruning.Pruning(pruner, trial, run.recipes.objective, run.model_dir, run.run_dir.chief)
 
     # Training ------------------------------------------------------------------------------------------------
     def _train_input(self):
         """The training pipeline: this worker's share of the train split (`context`)."""
-        return input_fn(self.task, self.tables["train"], self.pipeline, split="train", training=True,
-                        context=self.context, model_dir=self.model_dir)
+        return input_fn(self.run.task, self.run.tables["train"], self.run.pipeline, split="train", training=True,
+                        context=self.context, model_dir=self.run.model_dir)
 
     def resume(self):
         """The training iterator and checkpoint manager, restored by the resume policy
@@ -115,27 +110,28 @@ class Controller:
         restored; 2. else trainer.init_checkpoint: the model variables matching by name and shape; optimizer fresh, step
         0; 3. else scratch: the model as built (model.pretrained's weights where set).
         """
+        run = self.run
         iterator = iter(self._train_input())
-        save_input = self.run_dir.saves_input(self.settings, self.task, self.context)
-        checkpoint = self.trainer.checkpoint(iterator if save_input else None)
-        latest = self.run_dir.latest(whole=True)
-        warm_start.start(self.settings, self.trainer.model, latest)
+        save_input = run.run_dir.saves_input(run.settings, run.task, self.context)
+        checkpoint = run.trainer.checkpoint(iterator if save_input else None)
+        latest = run.run_dir.latest(whole=True)
+        warm_start.start(run.settings, run.trainer.model, latest)
         if latest:
-            if self.run_dir.restore(latest, self.trainer, checkpoint, self.settings, save_input):
+            if run.run_dir.restore(latest, run.trainer, checkpoint, run.settings, save_input):
                 # The saved iterator does not fit this pipeline: everything else was restored, the stream starts over.
                 iterator = iter(self._train_input())
-                checkpoint = self.trainer.checkpoint(iterator)
-        manager = self.run_dir.manager(checkpoint, latest, self.trainer, self.settings, save_input)
-        self.recipes.resume(self.trainer.step)  # counts an evaluation the checkpoint was saved before
-        self.clock.lap("input_fn")
+                checkpoint = run.trainer.checkpoint(iterator)
+        manager = run.run_dir.manager(checkpoint, latest, run.trainer, run.settings, save_input)
+        run.recipes.resume(run.trainer.step)  # counts an evaluation the checkpoint was saved before
+        run.clock.lap("input_fn")
         return iterator, manager
 
     def evaluate(self):
         """Evaluates the trainer's weights, then calls the actions' `after_evaluation` (the best checkpoint, early
         stopping and pruning count it: experiments/training/recipes.py, experiments/sweeps/pruning.py); returns its
         metrics."""
-        values = self.evaluator.evaluate()
-        self._call("after_evaluation", self.trainer.step, values)
+        values = self.run.evaluator.evaluate()
+        self._call("after_evaluation", self.run.trainer.step, values)
         return values
 
     def train(self, iterator, manager, evaluate=True):
@@ -145,19 +141,19 @@ class Controller:
             self._train(iterator, manager, evaluate)
 
     def _train(self, iterator, manager, evaluate):
-        trainer, target = self.trainer, self.trainer_settings.train_steps
+        trainer, schedule = self.run.trainer, self.run.settings.trainer
+        target = schedule.train_steps
         start = step = trainer.step
         if step >= target:
             log.info("Global step %d already reaches trainer.train_steps=%d; nothing to train", step, target)
         self.actions = actions.standard(self, manager, evaluate, start) + self.extra_actions
         # Loops end on every log, checkpoint and evaluation step, so these land as they would step by step.
-        intervals = [self.trainer_settings.log_every, self.trainer_settings.checkpoint_every]
-        intervals += [self.trainer_settings.eval_every] if evaluate else []
+        intervals = [schedule.log_every, schedule.checkpoint_every] + ([schedule.eval_every] if evaluate else [])
         first, longest = True, 0.0  # longest: the longest train loop yet, in seconds
         with contextlib.ExitStack() as stack:
             for action in self.actions:
                 stack.callback(action.close)
-            stack.enter_context(actions.saving_on_interrupt(trainer, self.run_dir, self.actions))
+            stack.enter_context(actions.saving_on_interrupt(trainer, self.run.run_dir, self.actions))
             stack.enter_context(self._unreadable_named())
             self._call("start", step)
             while step < target and not any(action.stop for action in self.actions):
@@ -191,9 +187,9 @@ class Controller:
             failed = re.search(rf"(\d+ {unreadable.FAILED_IN_A_ROW})", error.message)
             if failed is None:
                 raise
-            self.note_unreadable()
-            raise unreadable.in_a_row_error(failed.group(1), f"in training, at global step {self.trainer.step}",
-                                            self.spec.name) from None
+            self.run.note_unreadable()
+            raise unreadable.in_a_row_error(failed.group(1), f"in training, at global step {self.run.trainer.step}",
+                                            self.run.task.SPEC.name) from None
 
     def _first_batch(self, iterator, step):
         """The next training batch, as a one-batch iterator for the first loop, on every training process alike (the
@@ -201,10 +197,11 @@ class Controller:
         the host, where the run waits for it in Python (experiments/run_dir/blocking.py): it says so while it waits,
         and a signal stops it. Where this process writes the run's summaries, TensorBoard shows it as the model
         sees it at global `step`. The run's iterator, which checkpoints hold, moves by exactly the batches trained."""
+        run = self.run
         batch = blocking.call(next, iterator, what="the first training batch", **self._input_wait())
-        if self.writes:
-            self.summaries.inputs(*review.as_seen(batch, self.trainer.preprocess, step), self.spec, step)
-        return self.trainer.first_update(iter(tf.data.Dataset.from_tensors(batch)), iterator)
+        if run.writes:
+            run.summaries.inputs(*review.as_seen(batch, run.trainer.preprocess, step), run.task.SPEC, step)
+        return run.trainer.first_update(iter(tf.data.Dataset.from_tensors(batch)), iterator)
 
     def _train_loop(self, iterator, length, step, longest, first):
         """One train loop. The `first` trains on the batch fetched already, so it waits for no input, and runs here,
@@ -213,20 +210,20 @@ class Controller:
         (experiments/run_dir/blocking.py), so that a loop stuck waiting for its batches says so once it runs far
         longer than `longest`, the longest loop before it, and a signal still stops it."""
         if first:
-            return self.trainer.train_loop(iterator, length)
-        return blocking.call(self.trainer.train_loop, iterator, length, what=f"the train loop at global step {step}",
-                             expected=longest, **self._input_wait())
+            return self.run.trainer.train_loop(iterator, length)
+        return blocking.call(self.run.trainer.train_loop, iterator, length,
+                             what=f"the train loop at global step {step}", expected=longest, **self._input_wait())
 
     def _input_wait(self) -> dict:
         """How long the run waits for its training input, and what its waiting line suggests: a tf.data service's
         dispatcher without a worker serves nothing and says nothing, so pipeline.service_timeout bounds the wait;
         without the service the run waits however long."""
-        address = self.settings.pipeline.service
+        address = self.run.settings.pipeline.service
         if not address:
             return {}
-        seconds = self.settings.pipeline.service_timeout
+        seconds = self.run.settings.pipeline.service_timeout
         bound = (f"the run fails after pipeline.service_timeout={seconds:g} s" if seconds is not None
                  else "pipeline.service_timeout=null: the run waits however long")
         return dict(hint=lambda: f"{service.waiting_hint(address)}; {bound}",
                     timeout=seconds, stalled=lambda: f"{service.stalled(address, seconds)} "
-                                                     f"({self.run_dir.last_checkpoint_text()})")
+                                                     f"({self.run.run_dir.last_checkpoint_text()})")

@@ -51,8 +51,9 @@ def test_training_inputs_come_augmented_and_normalised_from_the_first_batch_the_
     (expected_a, _), expected_labels, _ = next(expected)
     shown = []
     trainer = SimpleNamespace(preprocess=preprocess, first_update=lambda first, iterator: first)  # one batch an update
-    controller = SimpleNamespace(writes=True, trainer=trainer, spec=task_of(cfg).SPEC, _input_wait=lambda: {},
-                                 summaries=SimpleNamespace(inputs=lambda *args: shown.append(args)))
+    run = SimpleNamespace(writes=True, trainer=trainer, task=task_of(cfg),
+                          summaries=SimpleNamespace(inputs=lambda *args: shown.append(args)))
+    controller = SimpleNamespace(run=run, _input_wait=lambda: {})
     trained = Controller._first_batch(controller, iterator, 0)
     ((features, labels, _, step),) = shown
     assert step == 0
@@ -72,7 +73,7 @@ def test_training_inputs_come_augmented_and_normalised_from_the_first_batch_the_
     other_step = preprocess((images_a, images_a), training=True, step=tf.constant(7, tf.int64))[0]
     assert not np.allclose(other_step.numpy(), features[0].numpy())
     # A process that writes no summaries (a multi_worker run's other workers) trains on the same one batch first.
-    quiet = SimpleNamespace(**{**vars(controller), "writes": False})
+    quiet = SimpleNamespace(run=SimpleNamespace(**{**vars(run), "writes": False}), _input_wait=lambda: {})
     assert len(list(Controller._first_batch(quiet, iterator, 0))) == 1 and len(shown) == 1
 
 

@@ -267,17 +267,17 @@ class Prune(Action):
 def standard(controller, manager, evaluate, start) -> list:
     """The actions of a training run of `controller` (experiments/runner.py), saving through `manager`, evaluating
     when `evaluate`, from global step `start`, in the order they run."""
-    settings, trainer = controller.trainer_settings, controller.trainer
-    save = Save(trainer, settings, controller.run_dir, manager)
-    actions = [Profile(settings.profile_steps if controller.writes else None, controller.model_dir / "train"),
-               StartupLine(controller.clock), CheckFinite(trainer, controller.run_dir),
+    run = controller.run
+    settings, trainer = run.settings.trainer, run.trainer
+    save = Save(trainer, settings, run.run_dir, manager)
+    actions = [Profile(settings.profile_steps if run.writes else None, run.model_dir / "train"),
+               StartupLine(run.clock), CheckFinite(trainer, run.run_dir),
                ProgressBar(trainer, start, settings.train_steps),
-               Log(trainer, settings, controller.summaries, controller.note_unreadable, controller.evaluator.logged),
-               save]
+               Log(trainer, settings, run.summaries, run.note_unreadable, run.evaluator.logged), save]
     if evaluate:
-        actions.append(Evaluate(controller.evaluate, settings, controller.run_dir, start))
-    return actions + [BestCheckpoint(controller.recipes), EarlyStopping(controller.recipes, save),
-                      Prune(controller.pruning, controller.recipes, save)]
+        actions.append(Evaluate(controller.evaluate, settings, run.run_dir, start))
+    return actions + [BestCheckpoint(run.recipes), EarlyStopping(run.recipes, save),
+                      Prune(controller.pruning, run.recipes, save)]
 
 
 @contextlib.contextmanager

@@ -1,8 +1,10 @@
 """Shared test set-up: a private cache folder, the real fixtures and config composition."""
 import os
+import re
 import subprocess
-from contextlib import contextmanager
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -71,6 +73,24 @@ def run_cli(*args, timeout=900, env=None, **kwargs):
                           timeout=timeout, env=env, **kwargs)
 
 
+def wait_for_checkpoint(process, checkpoints, step, seconds=300) -> int:
+    """Waits until `process`, a training run, has saved a checkpoint of global step `step` or later into the folder
+    `checkpoints`; returns the newest step saved. Fails if the process ends first or `seconds` pass. Why "or
+    later": trainer.keep_checkpoints deletes older checkpoints, so on a busy machine a poll may never see `step`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        saved = [int(found.group(1)) for path in Path(checkpoints).glob("ckpt-*.index")
+                 if (found := re.fullmatch(r"ckpt-(\d+)\.index", path.name))]
+        if saved and max(saved) >= step:
+            return max(saved)
+        if process.poll() is not None:
+            pytest.fail(f"the run exited {process.returncode} before it saved ckpt-{step}: "
+                        f"{(process.communicate()[1] or '')[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no checkpoint of step {step} or later in {checkpoints} after {seconds} s")
+        time.sleep(0.2)
+
+
 def task_of(cfg):
     """The Task a composed config names."""
     return Settings.from_config(cfg).task()
@@ -86,14 +106,13 @@ def tables_of(cfg, skipped=None):
 
 def make_input(cfg, table, training, split, context=None, model_dir=None):
     """input_fn for one split of a composed config, as the runner calls it."""
-    from tf_harness.data.input_fn import Pipeline, input_fn
+    from tf_harness.data.input_fn import input_fn
     return input_fn(task_of(cfg), table, Settings.from_config(cfg).input_pipeline(), split=split, training=training, context=context,
                     model_dir=model_dir)
 
 
 def convert_shards(cfg):
     """`python -m tf_harness.data.tfrecords` with a composed config, in this process; returns the manifest."""
-    from tf_harness.data.tfrecords.layout import TFRecordSettings
     from tf_harness.data.tfrecords.writer import convert
     from tf_harness.experiments.config.strategies import workers
     return convert(task_of(cfg), Settings.from_config(cfg).tfrecords(), int(cfg.seed), cfg.pipeline.verify_images,
@@ -103,7 +122,6 @@ def convert_shards(cfg):
 def read_shards(cfg, split, training, seed=0, table=None, context=None):
     """The (features, label) elements of a split's TFRecord shards, as the pipeline's tfrecord source reads them
     (before input_fn's shuffle)."""
-    from tf_harness.data.tfrecords.layout import TFRecordSettings
     from tf_harness.data.tfrecords.reader import TFRecordRecords
     source = TFRecordRecords(task_of(cfg), table, split, training, Settings.from_config(cfg).tfrecords())
     return source.records(seed, context).map(source.load)

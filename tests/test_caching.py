@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tf_harness.data import TASKS, caching
 from tf_harness.data.errors import ConfigError
-from tests.conftest import PROJECT, compose, run_cli, tables_of, task_of
+from tests.conftest import PROJECT, compose, run_cli, tables_of, task_of, wait_for_checkpoint
 from tests.refusals import assert_names, raises_naming
 
 ELEMENTS = 3000
@@ -216,10 +216,7 @@ def test_a_killed_training_run_with_a_disk_cache_resumes(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     first = subprocess.Popen([sys.executable, "run.py", *args, "trainer.train_steps=40"], cwd=PROJECT, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while not glob.glob(str(run_dir / "checkpoints" / "ckpt-4.index")) and time.time() < deadline:
-        assert first.poll() is None, "the first run ended before it could be killed"
-        time.sleep(0.2)
+    wait_for_checkpoint(first, run_dir / "checkpoints", 4, seconds=600)
     first.kill()
     first.wait()
     assert glob.glob(str(run_dir / "input_cache" / "train-*_*.lockfile")), "the kill should leave TF's lockfile"

@@ -6,11 +6,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.conftest import PROJECT, event_tags, run_cli
+from tests.conftest import PROJECT, event_tags, run_cli, wait_for_checkpoint
 from tests.refusals import assert_config_error
 
 TINY = ("dataset=chest_xray", "model=resnet_v2_50", "pipeline.image_size=32", "pipeline.batch_size=8",
@@ -122,9 +121,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
             f"hydra.run.dir={run_dir}"]
     process = subprocess.Popen([sys.executable, "run.py", *args], cwd=PROJECT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not list((run_dir / "checkpoints").glob("ckpt-4.index")) and time.time() < deadline:
-        time.sleep(0.5)
+    wait_for_checkpoint(process, run_dir / "checkpoints", 4)
     process.send_signal(signal.SIGKILL)
     process.wait()
     saved = max(int(p.stem.split("-")[1]) for p in (run_dir / "checkpoints").glob("ckpt-*.index"))

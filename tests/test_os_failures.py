@@ -9,14 +9,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 
 import pytest
 import tensorflow as tf
 
 from tf_harness.experiments.run_dir import checkpoints, os_errors
-from tests.conftest import PROJECT, run_cli
+from tests.conftest import PROJECT, run_cli, wait_for_checkpoint
 from tests.refusals import assert_error, assert_names
 
 TINY = ("dataset=lfw_pairs", "pipeline.image_size=24", "pipeline.batch_size=8", "model.widths=[8,16]",
@@ -208,10 +207,7 @@ def test_a_full_disk_keeps_the_newest_checkpoint_and_the_run_resumes_once_there_
         process = subprocess.Popen([sys.executable, "run.py", *args, "trainer.train_steps=100000"], cwd=PROJECT,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-        deadline = time.time() + 300
-        while not (run_dir / "checkpoints" / "ckpt-4.index").exists() and time.time() < deadline:
-            assert process.poll() is None, process.communicate()[1][-3000:]
-            time.sleep(0.1)
+        wait_for_checkpoint(process, run_dir / "checkpoints", 4)
         fill(disk)
         _, stderr = process.communicate(timeout=300)
         result = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)

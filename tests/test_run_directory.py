@@ -17,7 +17,7 @@ import pytest
 from tf_harness.data.errors import ConfigError
 from tf_harness.data.samples import sample_root, staging
 from tf_harness.experiments.run_dir import leftovers, run_lock
-from tests.conftest import PROJECT, lock_holder, run_cli
+from tests.conftest import PROJECT, lock_holder, run_cli, wait_for_checkpoint
 from tests.refusals import assert_config_error, assert_error, one_naming, raises_naming
 
 # A process that takes a run directory's lock through the runner's own API and keeps it.
@@ -161,11 +161,7 @@ def test_signal_saves_a_checkpoint_and_exits_128_plus_signum(tmp_path, signum, s
             f"hydra.run.dir={run_dir}"]
     process = subprocess.Popen([sys.executable, "run.py", *args], cwd=PROJECT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    deadline = time.time() + 300
-    # A checkpoint of step 2 means the loop is training.
-    while not (run_dir / "checkpoints" / "ckpt-2.index").exists() and time.time() < deadline:
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        time.sleep(0.2)
+    wait_for_checkpoint(process, run_dir / "checkpoints", 2)  # the loop is training
     time.sleep(1)  # a few more steps, so the interrupt's save is not the step-2 one
     process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=120)

@@ -578,16 +578,12 @@ def test_ctrl_c_during_a_sweep_reports_the_jobs_that_ran_and_exits_130(tmp_path)
     import signal
     import subprocess
     import sys
-    import time
-    from tests.conftest import PROJECT
+    from tests.conftest import PROJECT, wait_for_checkpoint
     process = subprocess.Popen([sys.executable, "run.py", "-m", *SMOKE, "trainer.eval_steps=1",
                                 "trainer.train_steps=2,100000", f"hydra.sweep.dir={tmp_path}"], cwd=PROJECT,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    deadline = time.time() + 300
-    while not (tmp_path / "1" / "checkpoints" / "ckpt-2.index").exists() and time.time() < deadline:
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        time.sleep(0.2)
+    wait_for_checkpoint(process, tmp_path / "1" / "checkpoints", 2)
     process.send_signal(signal.SIGINT)
     stderr = process.communicate(timeout=120)[1]
     assert process.returncode == 130, stderr[-3000:]

@@ -15,7 +15,7 @@ from tf_harness.data.task import Task
 from tf_harness.experiments.config.settings import Settings
 from tf_harness.experiments.training import trainer as trainer_module
 from tf_harness.experiments.training.trainer import NonFiniteLossError, Trainer, loop_length, resolve_fetch_ahead
-from tests.conftest import PROJECT, compose, event_tags, run_cli
+from tests.conftest import PROJECT, compose, event_tags, run_cli, wait_for_checkpoint
 from tests.refusals import assert_error, raises_naming
 
 PAIRS = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3, paired=True)
@@ -360,9 +360,7 @@ def test_sigterm_saves_the_step_its_weights_hold_and_resumes(tmp_path):
             "trainer.eval_every=100000", "trainer.log_every=1000", f"hydra.run.dir={tmp_path}"]
     process = subprocess.Popen([sys.executable, "run.py", *args], cwd=PROJECT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (tmp_path / "checkpoints" / "ckpt-20.index").exists() and time.time() < deadline:
-        time.sleep(0.2)
+    wait_for_checkpoint(process, tmp_path / "checkpoints", 20)
     time.sleep(1)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 143  # 128 + SIGTERM

@@ -97,6 +97,17 @@ def test_work_that_runs_long_says_so_at_an_interval_and_fails_past_its_bound(qui
         assert_names(line, "the first training batch", "is a worker running?")
 
 
+def test_a_wait_that_fails_leaves_the_unfinished_work_its_thread_and_the_next_call_another(quick, blocked):
+    """A waiting line whose hint raised left the unfinished work in the thread every call shares, and the next
+    call queued behind it."""
+    def failing_hint():
+        raise OSError("the dispatcher's address does not resolve")
+
+    with pytest.raises(OSError, match="does not resolve"):
+        blocking.call(blocked, what="the first training batch", hint=failing_hint)
+    assert blocking.call(pow, 2, 3, what="the next work", timeout=2.0) == 8
+
+
 def test_work_expected_to_take_long_says_so_only_past_what_it_takes(quick, caplog):
     with caplog.at_level(logging.WARNING, logger=blocking.__name__):
         assert blocking.call(time.sleep, 1.6, what="a loop", expected=1.0) is None

@@ -72,7 +72,8 @@ def call(work, *args, what, expected=0.0, hint="", timeout=None, stalled=None):
     function, asked at each line, for what the wait looks like then); `expected`: the seconds
     it is expected to take at most (the longest such work before it). `timeout`: seconds past `expected` after
     which Stalled is raised with the line `stalled()` gives; None waits however long. A signal raises Abandoned
-    when the work is left unfinished (module docstring)."""
+    when the work is left unfinished (module docstring). Whatever ends the wait early leaves the unfinished work
+    its thread, and the next call starts another."""
     global _worker
     if _worker is None:
         _worker = _Worker()
@@ -80,13 +81,12 @@ def call(work, *args, what, expected=0.0, hint="", timeout=None, stalled=None):
     _worker.jobs.put((work, args, outcome, done))
     try:
         _wait(done, what, expected, hint, timeout, stalled)
-    except KeyboardInterrupt as error:  # a signal outside a deferred() block, or the grace of one inside it passed
+    except BaseException as error:
         if done.is_set():
             raise
-        _worker = None  # the work keeps its thread
-        raise Abandoned(getattr(error, "signum", signal.SIGINT), what) from None
-    except Stalled:
-        _worker = None
+        _worker = None  # the unfinished work keeps its thread; the next call starts another
+        if isinstance(error, KeyboardInterrupt):  # a signal outside a deferred() block, or its grace passed
+            raise Abandoned(getattr(error, "signum", signal.SIGINT), what) from None
         raise
     if "error" in outcome:
         raise outcome["error"]

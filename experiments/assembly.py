@@ -74,7 +74,6 @@ class Role:
 class Run:
     """A run as `assemble` builds it, for its role's main to use."""
     settings: Settings
-    job: Job
     clock: StartupClock  # the start-up clock, whose line the training main logs after its first loop
     strategy: tf.distribute.Strategy
     run_dir: RunDirectory
@@ -82,7 +81,6 @@ class Run:
     task: object  # the dataset's Task (data/task.py)
     pipeline: object  # its InputPipeline settings
     tables: dict  # each split's table, indexed once
-    skipped: SkipLog  # the run's skipped rows, which grow by the image files that fail to decode mid-run
     trainer: Trainer
     summaries: Summaries
     note_unreadable: "UnreadableFiles"
@@ -134,8 +132,8 @@ def assemble(settings: Settings, job: Job, role: Role) -> Run:
     evaluator = make_evaluator(settings, task, trainer, tables, pipeline, summaries, run_dir, note_unreadable,
                                beside=role.beside)
     made = recipes.Recipes(settings.trainer, task.SPEC, trainer, run_dir)
-    return Run(settings, job, clock, strategy, run_dir, writes, task, pipeline, tables, skipped, trainer, summaries,
-               note_unreadable, evaluator, made)
+    return Run(settings, clock, strategy, run_dir, writes, task, pipeline, tables, trainer, summaries, note_unreadable,
+               evaluator, made)
 
 
 def fresh_state(settings) -> None:

@@ -51,38 +51,38 @@ class CheckpointModes:
     def __init__(self, run: assembly.Run, actions=()):
         """`run`: as experiments/assembly.py assembles it; `actions` (experiments/training/actions.py): their
         `after_evaluation` follows an evaluation of the validation split."""
-        self.settings, self.task, self.spec, self.trainer = run.settings, run.task, run.task.SPEC, run.trainer
-        self.evaluator, self.run_dir, self.tables, self.actions = run.evaluator, run.run_dir, run.tables, list(actions)
+        self.run, self.actions = run, list(actions)
 
     def restore(self):
         """Restores the checkpoint that `checkpoint=latest|best|<step>` names: by default the run's newest
         restorable one."""
-        split = self.settings.split
-        if split is not None and split not in self.tables:  # the dataset has one, but not in this copy of it
-            raise ConfigError(f"split={split}: dataset={self.spec.name} has no {split} split under "
-                              f"{self.settings.dataset.root or 'its sample'} (its test split is "
-                              f"{TASKS.entries[self.spec.name].test}: docs/datasets.md)")
-        self.restored = recipes.chosen_checkpoint(self.settings.checkpoint, self.run_dir, self.settings.mode)
-        self.trainer.checkpoint().restore(self.restored).expect_partial()
-        log.info("Restored %s (global step %d)", self.restored, self.trainer.step)
+        run, split = self.run, self.run.settings.split
+        name = run.task.SPEC.name
+        if split is not None and split not in run.tables:  # the dataset has one, but not in this copy of it
+            raise ConfigError(f"split={split}: dataset={name} has no {split} split under "
+                              f"{run.settings.dataset.root or 'its sample'} (its test split is "
+                              f"{TASKS.entries[name].test}: docs/datasets.md)")
+        self.restored = recipes.chosen_checkpoint(run.settings.checkpoint, run.run_dir, run.settings.mode)
+        run.trainer.checkpoint().restore(self.restored).expect_partial()
+        log.info("Restored %s (global step %d)", self.restored, run.trainer.step)
 
     def evaluate(self):
         """Evaluates the restored weights, then calls the actions' `after_evaluation`. With split=test, the test
         split into metrics_test.json, which no action counts."""
-        if self.settings.split == "test":
-            return self.evaluator.evaluate("test")
-        values = self.evaluator.evaluate()
+        if self.run.settings.split == "test":
+            return self.run.evaluator.evaluate("test")
+        values = self.run.evaluator.evaluate()
         for action in self.actions:
-            action.after_evaluation(self.trainer.step, values)
+            action.after_evaluation(self.run.trainer.step, values)
         return values
 
     def predict(self):
-        predictions = self.evaluator.predict(self.settings.split)
-        if self.settings.heatmaps and predictions is not None:  # heatmaps=N: heatmaps of the N highest scores
-            with self.trainer.averaged():
-                heatmaps.write_top(self.task, self.trainer, predictions, self.settings.heatmaps,
-                                   self.run_dir.model_dir)
+        run = self.run
+        predictions = run.evaluator.predict(run.settings.split)
+        if run.settings.heatmaps and predictions is not None:  # heatmaps=N: heatmaps of the N highest scores
+            with run.trainer.averaged():
+                heatmaps.write_top(run.task, run.trainer, predictions, run.settings.heatmaps, run.run_dir.model_dir)
 
     def export(self):
-        with self.trainer.averaged():  # trainer.ema_decay: the averaged weights are what is served
-            return export.export(self.task, self.trainer, self.run_dir, self.restored)
+        with self.run.trainer.averaged():  # trainer.ema_decay: the averaged weights are what is served
+            return export.export(self.run.task, self.run.trainer, self.run.run_dir, self.restored)

@@ -73,8 +73,9 @@ def export_run(task, trainer, model_dir, chief=True):
     """mode=export as a run does it (CheckpointModes): restores the newest restorable checkpoint, then exports it."""
     run_dir = RunDirectory(model_dir)
     run_dir.chief = chief
-    CheckpointModes.restore(SimpleNamespace(run_dir=run_dir, settings=SimpleNamespace(mode="export", checkpoint="latest", split=None),
-                                            trainer=trainer))
+    settings = SimpleNamespace(mode="export", checkpoint="latest", split=None)
+    CheckpointModes.restore(SimpleNamespace(run=SimpleNamespace(run_dir=run_dir, settings=settings, trainer=trainer,
+                                                                task=task)))
     return export.export(task, trainer, run_dir)
 
 

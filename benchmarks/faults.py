@@ -237,13 +237,13 @@ def trial(dataset, fault, when, expected_dir, run_dir, extra=()):
     return status, "; ".join(problems) or None
 
 
-def run_trials(datasets, faults, trials, seed=0, work=None, log=print, recipes=False):
+def run_trials(datasets, faults, trials, seed=0, work=None, log=print, recipes=False, extra=()):
     """Runs `trials` trials per dataset and fault, round-robin (so a run cut short still covers each), with the
-    recipe sets RECIPES and FIELD_RECIPES when `recipes`; returns {(dataset, fault): (passed, run, failures,
-    exit statuses)}."""
+    recipe sets RECIPES and FIELD_RECIPES when `recipes`, and the overrides `extra` (a strategy, say) in every run;
+    returns {(dataset, fault): (passed, run, failures, exit statuses)}."""
     rng = random.Random(seed)
     work = Path(work or tempfile.mkdtemp(prefix="faults-"))
-    extras = {dataset: (*RECIPES, *FIELD_RECIPES[dataset]) if recipes else () for dataset in datasets}
+    extras = {dataset: (*extra, *((*RECIPES, *FIELD_RECIPES[dataset]) if recipes else ())) for dataset in datasets}
     references = {}
     for dataset in datasets:
         references[dataset] = reference(dataset, work, extras[dataset])

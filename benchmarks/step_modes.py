@@ -58,11 +58,12 @@ def make_trainer(cfg, info):
     return Trainer(Settings.from_config(cfg), info.spec, strategies.make_strategy(cfg.strategy), info.size)
 
 
-def pipeline_iterator(cfg, info, to_device=False):
-    """An iterator over the run's training pipeline (`to_device`: prefetched to the first GPU); with a cache on,
-    after the pass that fills it, so no row pays for filling it."""
+def pipeline_iterator(cfg, info, to_device=False, trainer=None):
+    """An iterator over the run's training pipeline (`to_device`: prefetched to the first GPU; `trainer`: as that
+    Trainer's run takes it, `Trainer.input_iterator`); with a cache on, after the pass that fills it, so no row pays
+    for filling it."""
     batches = data_api.train_input(cfg, info.table, workdir=None, seed=cfg.seed)
-    iterator = prefetched(batches) if to_device else iter(batches)
+    iterator = prefetched(batches) if to_device else trainer.input_iterator(batches) if trainer else iter(batches)
     if cfg.pipeline.cache != "none" and not info.sampled:  # drawn pairs are never cached
         for _ in range(math.ceil(len(info.table) / cfg.pipeline.batch_size) + 1):
             next(iterator)
@@ -125,7 +126,8 @@ def host_loss(dataset, args, jits):
     rows[f"ceiling XLA, {longest} per call"] = Row(ceiling_loop(cfg, info, batch, longest, True), longest)
     for jit, (variant, overrides) in itertools.product(jits, args.variant or [("", [])]):
         row_cfg, _ = setup(dataset, [*args.override, *overrides], jit, info)
-        trainer, rows_input = make_trainer(row_cfg, info), pipeline_iterator(row_cfg, info) if overrides else iterator
+        trainer = make_trainer(row_cfg, info)
+        rows_input = pipeline_iterator(row_cfg, info, trainer=trainer) if overrides else iterator
         rows.update({f"loop {n}, jit {trainer.jit_compile}{f' [{variant}]' * bool(variant)}":
                      loop_row(trainer, rows_input, n) for n in args.loops})
 

@@ -111,15 +111,15 @@ class Controller:
         0; 3. else scratch: the model as built (model.pretrained's weights where set).
         """
         run = self.run
-        iterator = iter(self._train_input())
         save_input = run.run_dir.saves_input(run.settings, run.task, self.context)
+        iterator = run.trainer.input_iterator(self._train_input())
         checkpoint = run.trainer.checkpoint(iterator if save_input else None)
         latest = run.run_dir.latest(whole=True)
         warm_start.start(run.settings, run.trainer.model, latest)
         if latest:
             if run.run_dir.restore(latest, run.trainer, checkpoint, run.settings, save_input):
                 # The saved iterator does not fit this pipeline: everything else was restored, the stream starts over.
-                iterator = iter(self._train_input())
+                iterator = run.trainer.input_iterator(self._train_input())
                 checkpoint = run.trainer.checkpoint(iterator)
         manager = run.run_dir.manager(checkpoint, latest, run.trainer, run.settings, save_input)
         run.recipes.resume(run.trainer.step)  # counts an evaluation the checkpoint was saved before

@@ -231,9 +231,30 @@ def test_fetching_ahead_is_on_by_default_only_with_an_accelerator_and_one_replic
     assert not make_trainer("trainer.steps_per_loop=4").fetch_ahead  # the config's default, on this CPU
     assert make_trainer("trainer.steps_per_loop=4", "trainer.fetch_ahead=true").fetch_ahead
     monkeypatch.setattr(trainer_module, "accelerated", lambda: True)
-    assert resolve_fetch_ahead(None, replicas=1)
-    assert not resolve_fetch_ahead(None, replicas=2)
-    assert not resolve_fetch_ahead(False, replicas=1)
+    assert resolve_fetch_ahead(None, replicas=1, input_device=None)
+    assert not resolve_fetch_ahead(None, replicas=2, input_device=None)
+    assert not resolve_fetch_ahead(False, replicas=1, input_device=None)
+    # Batches already copied to the GPU by tf.data (trainer.checkpoint_input=false) need no fetching ahead.
+    assert not resolve_fetch_ahead(None, replicas=1, input_device="/device:GPU:0")
+    assert resolve_fetch_ahead(True, replicas=1, input_device="/device:GPU:0")
+
+
+def test_batches_go_to_the_gpu_ahead_only_where_checkpoints_leave_the_input_out(monkeypatch):
+    """trainer.checkpoint_input=false on one replica with a GPU: tf.data copies the batches to it ahead of the step;
+    an input checkpoint, several replicas or no GPU keep them on the host. On this CPU the trainer's iterator is the
+    plain one."""
+    from types import SimpleNamespace
+
+    gpu = [SimpleNamespace(name="/device:GPU:0")]
+    monkeypatch.setattr(trainer_module.tf.config, "list_logical_devices", lambda kind=None: gpu if kind == "GPU" else [])
+    assert trainer_module.input_device(checkpoint_input=False, replicas=1) == "/device:GPU:0"
+    assert trainer_module.input_device(checkpoint_input=True, replicas=1) is None
+    assert trainer_module.input_device(checkpoint_input=False, replicas=2) is None
+    monkeypatch.undo()
+    assert trainer_module.input_device(checkpoint_input=False, replicas=1) is None
+    trainer = make_trainer("trainer.steps_per_loop=4", "trainer.checkpoint_input=false")
+    assert trainer.input_device is None
+    assert int(next(trainer.input_iterator(tf.data.Dataset.range(3)))) == 0
 
 
 def test_fetching_ahead_waits_on_nothing_of_the_step():

@@ -232,7 +232,8 @@ def option(check, having: Callable[[str], tuple], reentry=FIXED):
 
 
 # The strategies (conf/strategy/<name>.yaml, experiments/config/strategies.py), each with the keys only it has.
-STRATEGIES = {"auto": (), "one_device": (), "mirrored": ("logical_cpus",), "multi_worker": ()}
+STRATEGIES = {"auto": (), "one_device": (), "mirrored": ("logical_cpus", "logical_gpus", "logical_gpu_mb"),
+              "multi_worker": ()}
 
 
 _MIXES = "it mixes one-class labels into class distributions"
@@ -383,6 +384,9 @@ class Strategy:
 
     name: str = key(one_of(*STRATEGIES), RUN_CONTROL)
     logical_cpus: int | None = option(integer(1), lambda name: STRATEGIES.get(name, ()), RUN_CONTROL)
+    logical_gpus: int | None = option(integer(1, null="one replica on each GPU"), lambda name: STRATEGIES.get(name, ()),
+                                      RUN_CONTROL)
+    logical_gpu_mb: int | None = option(integer(1), lambda name: STRATEGIES.get(name, ()), RUN_CONTROL)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,6 +26,20 @@ def _split_cpu(count):
     return [device.name for device in tf.config.list_logical_devices("CPU")][:count]
 
 
+def _split_gpu(count, megabytes):
+    """Splits the first GPU into `count` logical devices of `megabytes` MiB each; possible only before TensorFlow
+    initialises it."""
+    import tensorflow as tf
+
+    gpu = tf.config.list_physical_devices("GPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=megabytes) for _ in range(count)])
+    except RuntimeError:
+        pass  # already initialised by an earlier job of this process (multirun)
+    return [device.name for device in tf.config.list_logical_devices("GPU")][:count]
+
+
 def one_device():
     """A OneDeviceStrategy on the first GPU, or on the CPU where there is none."""
     import tensorflow as tf
@@ -45,7 +59,12 @@ def make_strategy(strategy_cfg):
     elif name == "one_device":
         strategy = one_device()
     elif name == "mirrored":
-        devices = None if gpus else _split_cpu(strategy_cfg.logical_cpus)
+        if not gpus:
+            devices = _split_cpu(strategy_cfg.logical_cpus)
+        elif strategy_cfg.logical_gpus:
+            devices = _split_gpu(strategy_cfg.logical_gpus, strategy_cfg.logical_gpu_mb)
+        else:
+            devices = None  # every GPU, a replica on each
         strategy = tf.distribute.MirroredStrategy(devices)
     elif name == "multi_worker":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()

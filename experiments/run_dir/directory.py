@@ -81,6 +81,8 @@ class RunDirectory:
         from tf_harness.data import caching
 
         if not settings.trainer.checkpoint_input:
+            log.info("trainer.checkpoint_input=false: checkpoints leave out the input iterator; a resumed run starts "
+                     "its input stream over, from the start of an epoch")
             return False
         if not caching.checkpointable(settings.pipeline.cache, task):
             log.info("pipeline.cache=%s: checkpoints leave out the input iterator (see data/caching.py); a resumed "

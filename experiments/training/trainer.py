@@ -103,13 +103,25 @@ def resolve_jit_compile(jit_compile, replicas, deterministic) -> bool:
     return bool(tf.config.list_physical_devices("GPU")) and replicas == 1 and not deterministic
 
 
-def resolve_fetch_ahead(fetch_ahead, replicas) -> bool:
-    """``trainer.fetch_ahead: null``: on where a GPU or TPU is present and the step runs on one replica. There
-    the host's fetch of each batch otherwise sits between one step's launch and the next (docs/benchmarks.md).
-    On a CPU it changes nothing, and with one step per loop, CPU's default, there is nothing to fetch ahead of."""
+def resolve_fetch_ahead(fetch_ahead, replicas, input_device) -> bool:
+    """``trainer.fetch_ahead: null``: on where a GPU or TPU is present, the step runs on one replica and its batches
+    come from the host (`input_device` None). There the host's fetch of each batch otherwise sits between one step's
+    launch and the next (docs/benchmarks.md). On a CPU it changes nothing, and with one step per loop, CPU's default,
+    there is nothing to fetch ahead of."""
     if fetch_ahead is not None:
         return fetch_ahead
-    return accelerated() and replicas == 1
+    return accelerated() and replicas == 1 and input_device is None
+
+
+def input_device(checkpoint_input, replicas):
+    """The GPU that tf.data copies the training batches to ahead of the step, or None to keep them on the host: the
+    first GPU where the step runs on one replica and checkpoints leave the input iterator out
+    (``trainer.checkpoint_input=false``). TensorFlow cannot checkpoint an iterator that prefetches to a device, so
+    exact input resume and this copy exclude each other; the user chooses."""
+    if checkpoint_input or replicas != 1:
+        return None
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus[0].name if gpus else None
 
 
 def build_model(settings, spec, image_size) -> keras.Model:
@@ -211,10 +223,15 @@ class Trainer:
             log.info("trainer.graph_optimizer=null: %s (CPU alone)", options)
         self.max_nonfinite_steps = settings.trainer.max_nonfinite_steps
         self.clip_global_norm = settings.trainer.clip_global_norm
-        self.fetch_ahead = resolve_fetch_ahead(settings.trainer.fetch_ahead, self.replicas)
+        self.input_device = input_device(settings.trainer.checkpoint_input, self.replicas)
+        if self.input_device:
+            log.info("trainer.checkpoint_input=false: training batches are copied to %s ahead of the step",
+                     self.input_device)
+        self.fetch_ahead = resolve_fetch_ahead(settings.trainer.fetch_ahead, self.replicas, self.input_device)
         if settings.trainer.fetch_ahead is None:
             log.info("trainer.fetch_ahead=null: %s", "each batch fetched while the step before it runs (a GPU or "
-                     "TPU, one replica)" if self.fetch_ahead else "each batch fetched after the step before it")
+                     "TPU, one replica, batches from the host)" if self.fetch_ahead
+                     else "each batch fetched after the step before it")
         self.mixed_precision = settings.pipeline.dtype == "float16"
         self.preprocess = settings.preprocessing()
         with strategy.scope():
@@ -477,6 +494,13 @@ class Trainer:
             return self.input.fetch_early(iterator)
         batches = [self.input.fetch_early(iterator) for _ in range(self.accumulate_steps)]
         return _stacked([batch for batch, _ in batches]), batches[-1][1]
+
+    def input_iterator(self, data):
+        """An iterator over the training input `data`, its batches copied to `input_device` ahead of the step where
+        that is set."""
+        if self.input_device is None:
+            return iter(data)
+        return iter(data.apply(tf.data.experimental.prefetch_to_device(self.input_device, buffer_size=2)))
 
     def first_update(self, first, iterator):
         """The iterator of the first train loop, one step: `first`, a one-batch iterator (the batch TensorBoard

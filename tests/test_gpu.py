@@ -1,5 +1,5 @@
-"""The gpu suite: what only a GPU can show. `python -m pytest -m gpu` runs it on a machine with one (README, "On a
-GPU"); elsewhere each test skips with one line.
+"""The gpu suite: what only a GPU can show. `python -m pytest -m gpu` runs it on a machine with one (docs/scaling.md,
+"The gpu suite"); elsewhere each test skips with one line.
 
 - the default run of each dataset;
 - every 16-bit cell of the combination matrix (tests/matrix.py): trained, then evaluated, predicted with heatmaps,

@@ -1,6 +1,5 @@
 """Shared test set-up: a private cache folder, the real fixtures and config composition."""
 import os
-import re
 import subprocess
 import sys
 import time
@@ -77,10 +76,11 @@ def wait_for_checkpoint(process, checkpoints, step, seconds=300) -> int:
     """Waits until `process`, a training run, has saved a checkpoint of global step `step` or later into the folder
     `checkpoints`; returns the newest step saved. Fails if the process ends first or `seconds` pass. Why "or
     later": trainer.keep_checkpoints deletes older checkpoints, so on a busy machine a poll may never see `step`."""
+    from tf_harness.experiments.run_dir.checkpoints import on_disk
+
     deadline = time.monotonic() + seconds
     while True:
-        saved = [int(found.group(1)) for path in Path(checkpoints).glob("ckpt-*.index")
-                 if (found := re.fullmatch(r"ckpt-(\d+)\.index", path.name))]
+        saved = list(on_disk(checkpoints))
         if saved and max(saved) >= step:
             return max(saved)
         if process.poll() is not None:

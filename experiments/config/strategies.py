@@ -14,30 +14,19 @@ from tf_harness.experiments.config import schema
 EVALUATOR = "evaluator"  # TF_CONFIG's task type of the process that evaluates beside the workers
 
 
-def _split_cpu(count):
-    """Splits the CPU into `count` logical devices; possible only before TensorFlow initialises them."""
+def _split(kind, count, megabytes=None):
+    """Splits the first device of `kind` ("CPU" or "GPU") into `count` logical devices, each of `megabytes` MiB
+    where given (TensorFlow asks it of a GPU's); possible only before TensorFlow initialises it. Returns their
+    names."""
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    try:
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
-    except RuntimeError:
-        pass  # already initialised by an earlier job of this process (multirun)
-    return [device.name for device in tf.config.list_logical_devices("CPU")][:count]
-
-
-def _split_gpu(count, megabytes):
-    """Splits the first GPU into `count` logical devices of `megabytes` MiB each; possible only before TensorFlow
-    initialises it."""
-    import tensorflow as tf
-
-    gpu = tf.config.list_physical_devices("GPU")[0]
+    device = tf.config.list_physical_devices(kind)[0]
     try:
         tf.config.set_logical_device_configuration(
-            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=megabytes) for _ in range(count)])
+            device, [tf.config.LogicalDeviceConfiguration(memory_limit=megabytes) for _ in range(count)])
     except RuntimeError:
         pass  # already initialised by an earlier job of this process (multirun)
-    return [device.name for device in tf.config.list_logical_devices("GPU")][:count]
+    return [logical.name for logical in tf.config.list_logical_devices(kind)][:count]
 
 
 def one_device():
@@ -60,9 +49,9 @@ def make_strategy(strategy_cfg):
         strategy = one_device()
     elif name == "mirrored":
         if not gpus:
-            devices = _split_cpu(strategy_cfg.logical_cpus)
+            devices = _split("CPU", strategy_cfg.logical_cpus)
         elif strategy_cfg.logical_gpus:
-            devices = _split_gpu(strategy_cfg.logical_gpus, strategy_cfg.logical_gpu_mb)
+            devices = _split("GPU", strategy_cfg.logical_gpus, strategy_cfg.logical_gpu_mb)
         else:
             devices = None  # every GPU, a replica on each
         strategy = tf.distribute.MirroredStrategy(devices)

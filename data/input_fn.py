@@ -80,7 +80,7 @@ def pad_batch(batch_size):
         weights = tf.ones([size]) if weights is None else weights
         return tf.nest.map_structure(pad_one, features), pad_one(labels), pad_one(weights)
 
-    return pad
+    return tf.autograph.experimental.do_not_convert(pad)
 
 
 def record_source(task, table, split, training, tfrecord=None, cache="none", image_table_mb=0, model_dir=None):

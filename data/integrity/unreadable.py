@@ -73,7 +73,7 @@ def guard(load, paths, report_dir=None):
         with tf.control_dependencies([reported]):
             return features, label, tf.identity(weight)
 
-    return load_or_blank
+    return tf.autograph.experimental.do_not_convert(load_or_blank)
 
 
 def drop_failed(data: tf.data.Dataset, records: int) -> tf.data.Dataset:

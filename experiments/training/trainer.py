@@ -167,6 +167,13 @@ def keras_reason(error) -> str:
     return f"{layer}: {text}" if layer else text
 
 
+def _traced(function, **options):
+    """`function` traced by tf.function as written, without AutoGraph: a choice on a tensor in the step and
+    around it is tf.cond, tf.where or tf.while_loop, never a Python `if` or loop. Why: AutoGraph rewrites every
+    function the step calls, in every new process, before the trace begins (docs/training-loop.md)."""
+    return tf.function(function, autograph=False, **options)
+
+
 def _is_float(variable):
     return tf.as_dtype(variable.dtype).is_floating
 
@@ -255,12 +262,12 @@ class Trainer:
         # One traced step, called at both of the loop's call sites (`_train_loop`). With XLA the whole step, its
         # non-finite check, skip and counters included, is one cluster; the loop around it (iterator, clocks,
         # results) stays in the graph.
-        self._step = tf.function(self._step, jit_compile=True if self.jit_compile else None)
-        self._batch_step = tf.function(self.train_step)  # `_accumulated`'s, at its two call sites
-        self.one_step = tf.function(self._one_step)
-        self._loop = tf.function(self._train_loop)
-        self._one = tf.function(self._train_one)
-        self.eval_step = _CheckedEvalStep(tf.function(self._eval_step), self)
+        self._step = _traced(self._step, jit_compile=True if self.jit_compile else None)
+        self._batch_step = _traced(self.train_step)  # `_accumulated`'s, at its two call sites
+        self.one_step = _traced(self._one_step)
+        self._loop = _traced(self._train_loop)
+        self._one = _traced(self._train_one)
+        self.eval_step = _CheckedEvalStep(_traced(self._eval_step), self)
 
     def _per_replica(self, batch, axis=0):
         """`batch` split across the replicas along `axis` (1 for an update's stacked batches)."""

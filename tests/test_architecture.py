@@ -154,6 +154,24 @@ def test_one_module_takes_file_locks_and_one_replaces_files():
     assert len(replaces) == 1 and replaces[0].startswith("data/integrity/writing.py:"), replaces
 
 
+def test_the_harness_traces_its_functions_without_autograph():
+    """Every tf.function of the harness (benchmarks' baselines aside) is traced as written, `autograph=False`:
+    AutoGraph would rewrite each function the step calls, in every new process, before the first trace
+    (docs/training-loop.md)."""
+    found = []
+    for path in _python_files():
+        if path.relative_to(PROJECT).parts[0] == "benchmarks":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            decorators = node.decorator_list if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+            bare = [item for item in decorators if ast.unparse(item) == "tf.function"]
+            called = isinstance(node, ast.Call) and ast.unparse(node.func) == "tf.function" and not any(
+                keyword.arg == "autograph" and ast.unparse(keyword.value) == "False" for keyword in node.keywords)
+            if bare or called:
+                found.append(f"{path.relative_to(PROJECT)}:{node.lineno}")
+    assert not found, found
+
+
 def test_no_module_uses_hydras_internals_or_rewrites_the_command_line():
     """A single run is composed with Hydra's public compose API (experiments/cli.py `single_run`), from the overrides
     as typed: nothing imports `hydra._internal`, and no entry point assigns `sys.argv` for Hydra to read."""

@@ -299,6 +299,7 @@ class Trainer:
         the batch's number (with trainer.accumulate_steps, global step × N + i), which seeds its augmentation.
         Around it, from outside (`_replica_step`, `_step`, `_train_loop`): the split across replicas, gradient
         accumulation, clipping, the skip of a non-finite update, the update itself, the loop and its fetches.
+        It is traced as written, without AutoGraph (`_traced`): a choice on a tensor is tf.cond or tf.where.
         """
         own = labels  # the examples' own labels, which the train accuracy scores, mixed or not
         # Augmentation and normalisation: the dataset's Preprocessing stage (data/preprocessing.py).

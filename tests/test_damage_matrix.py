@@ -26,9 +26,9 @@ on this project's 2-core machines, more than most runs take after it, so the run
 process that has imported TensorFlow, Hydra and the project (every dataset's and model's module included) once,
 and has run no TensorFlow op, so holds no thread pool; two servers, two runs at a time. Each child runs `python
 run.py`'s own entry point (`tf_harness.run.command`) with the run's command line, its stdout and stderr in files,
-and exits with its status, an unhandled exception printing its traceback as Python would. The children run the
-code as it was when the servers started. About 400 CPU seconds in all (printed with `-s`), 6-15 minutes on two
-busy cores.
+and exits with its status, an unhandled exception printing its traceback as Python would; an export is checked
+to serve in such a child too. The children run the code as it was when the servers started. `-s` prints the
+runs' time and CPU seconds.
 """
 import hashlib
 import json
@@ -92,6 +92,13 @@ from tf_harness.models import BUILDERS
 for registry in (TASKS, BUILDERS):  # every dataset's and model's module too: each child runs this snapshot of the code
     for name in registry:
         registry[name]
+
+def serves(folder):  # an export loaded by TensorFlow alone, its signature answering a request of one PNG pair
+    model = tensorflow.saved_model.load(folder)
+    png = tensorflow.io.encode_png(tensorflow.zeros([24, 24, 3], tensorflow.uint8))
+    model.signatures["serving_default"](image_bytes_a=tensorflow.stack([png]), image_bytes_b=tensorflow.stack([png]))
+    return 0
+
 print("ready", flush=True)
 for line in sys.stdin:
     job = json.loads(line)
@@ -105,9 +112,9 @@ for line in sys.stdin:
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(os.open(job["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
             os.dup2(os.open(job["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-            sys.argv = ["run.py", *job["args"]]
+            sys.argv = ["run.py", *job.get("args", ())]
             try:
-                status = run.command()
+                status = serves(job["serves"]) if "serves" in job else run.command()
             except SystemExit as stop:
                 status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
             except BaseException:  # what Python does with an exception nothing handled
@@ -124,7 +131,8 @@ for line in sys.stdin:
 
 
 class Server:
-    """A process that has imported the project and TensorFlow, forking one child per command line."""
+    """A process that has imported the project and TensorFlow, forking one child per command line (or export to
+    serve)."""
 
     def __init__(self):
         self.process = subprocess.Popen([sys.executable, "-c", SERVER], cwd=PROJECT, stdin=subprocess.PIPE,
@@ -134,8 +142,18 @@ class Server:
 
     def run(self, args, out_dir):
         """Runs `python run.py args...`; returns (exit status, stdout, stderr, CPU seconds)."""
-        job = {"args": list(args), "stdout": str(out_dir / "stdout"), "stderr": str(out_dir / "stderr"),
-               "limit": CASE_SECONDS}
+        return self._job({"args": list(args)}, out_dir)
+
+    def serves(self, folder, out_dir) -> str | None:
+        """Why the export in `folder` does not serve, None when it does: TensorFlow loads it, in a child, and its
+        signature answers a request of one PNG pair. The child's output goes to `out_dir`/serves/."""
+        (out_dir / "serves").mkdir(exist_ok=True)
+        status, _, stderr, _ = self._job({"serves": str(folder)}, out_dir / "serves")
+        lines = stderr.strip().splitlines()
+        return None if status == 0 else f"it does not serve ({lines[-1] if lines else status})"
+
+    def _job(self, job, out_dir):
+        job = {**job, "stdout": str(out_dir / "stdout"), "stderr": str(out_dir / "stderr"), "limit": CASE_SECONDS}
         self.process.stdin.write(json.dumps(job) + "\n")
         self.process.stdin.flush()
         done = json.loads(self.process.stdout.readline())
@@ -289,7 +307,7 @@ def run_case(server, base, work, targets, how, command):
             outcome = f"predicts with ckpt-{step}"
         else:
             outcome = f"exports ckpt-{step}" if "Exported" in stdout else f"keeps export/{step}"
-            unloadable = loads(run_dir / "export" / str(step))
+            unloadable = server.serves(run_dir / "export" / str(step), case)
             if unloadable:
                 problems.append(f"export/{step} is left, and {unloadable}")
         if warnings:
@@ -309,18 +327,6 @@ def run_case(server, base, work, targets, how, command):
             "case": str(case), "last_line": (stderr.strip().splitlines() or [""])[-1]}
 
 
-def loads(folder) -> str | None:
-    """Why the export in `folder` does not serve, None when it does: TensorFlow loads it, in a process of its own,
-    and its signature answers a request of one PNG pair."""
-    code = ("import sys, tensorflow as tf; model = tf.saved_model.load(sys.argv[1]); "
-            "png = tf.io.encode_png(tf.zeros([24, 24, 3], tf.uint8)); "
-            "model.signatures['serving_default'](image_bytes_a=tf.stack([png]), image_bytes_b=tf.stack([png]))")
-    done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    lines = done.stderr.strip().splitlines()
-    return None if done.returncode == 0 else f"it does not serve ({lines[-1] if lines else done.returncode})"
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A finished run: trained to step 4 with checkpoints every 2 steps, evaluated, and exported; its test split
@@ -333,7 +339,11 @@ def base(tmp_path_factory):
     for command in ("export", "test", "predict", "predict-validation"):
         result = run_cli(f"hydra.run.dir={run_dir}", *COMMANDS[command], timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
-    assert loads(run_dir / "export" / str(TRAINED_TO)) is None
+    server = Server()
+    try:
+        assert server.serves(run_dir / "export" / str(TRAINED_TO), run_dir.parent) is None
+    finally:
+        server.close()
     assert {path for path in OUTPUTS if (run_dir / path).is_file()} == set(OUTPUTS)
     return run_dir
 

@@ -130,8 +130,12 @@ def test_the_service_serves_the_training_batches_the_local_pipeline_makes(monkey
     # distributed_epoch: a record goes to one worker, so the epoch is not served once per worker. Which records
     # the two workers serve first depends on their timing, so the mode is read where the pipeline asks for it.
     policies, distribute = [], tf_service.distribute
-    monkeypatch.setattr(tf_service, "distribute", lambda policy, *args, **kwargs: (
-        policies.append(policy), distribute(policy, *args, **kwargs))[1])
+
+    def recorded(policy, *args, **kwargs):
+        policies.append(policy)
+        return distribute(policy, *args, **kwargs)
+
+    monkeypatch.setattr(tf_service, "distribute", recorded)
     dispatcher = tf_service.DispatchServer(tf_service.DispatcherConfig(port=0))
     workers = [tf_service.WorkerServer(tf_service.WorkerConfig(dispatcher_address=dispatcher.target.split("://")[1]))
                for _ in range(2)]

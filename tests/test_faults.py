@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -80,6 +81,18 @@ def test_waited_work_returns_its_value_or_raises_its_error_in_one_thread_kept_fo
         blocking.call(divmod, 1, 0, what="a division")
     first, second = (blocking.call(threading.get_ident, what="its thread") for _ in range(2))
     assert first == second != threading.get_ident()
+
+
+def test_waited_work_lets_go_of_what_a_job_took_and_gave_once_it_returns():
+    """The thread outlives each job: a run's last iterator, held by it, outlived the run."""
+    class Held:
+        pass
+
+    argument = Held()
+    result = blocking.call(lambda held: Held(), argument, what="a job")
+    references = [weakref.ref(argument), weakref.ref(result)]
+    del argument, result
+    assert [reference() for reference in references] == [None, None]
 
 
 def test_work_that_runs_long_says_so_at_an_interval_and_fails_past_its_bound(quick, blocked, caplog):

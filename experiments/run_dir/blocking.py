@@ -47,7 +47,11 @@ class Abandoned(interrupts.Interrupted):
 
 
 class _Worker:
-    """A daemon thread that runs one piece of work after another, each with its outcome and done event."""
+    """A daemon thread that runs one piece of work after another, each with its outcome and done event.
+
+    Why it lets go of a job's arguments and result before it says the job is done: held until the next job, a
+    run's last iterator (its buffers and threads) outlived the run, and the next run's first wait paid for its
+    clean-up."""
 
     def __init__(self):
         self.jobs = queue.SimpleQueue()
@@ -61,6 +65,7 @@ class _Worker:
             except BaseException as error:  # noqa: BLE001  raised again in the waiting thread
                 outcome["error"] = error
             finally:
+                del work, args, outcome  # before done: what the job took and gave is then its caller's alone
                 done.set()
 
 

@@ -23,6 +23,15 @@ def harness_cache(tmp_path_factory):
     return cache
 
 
+@pytest.fixture(scope="session", autouse=True)
+def benchmark_results(tmp_path_factory):
+    """The results files of the benchmarks a test runs, in this process or a child, go to a fresh folder for the
+    whole session, never into the checkout's benchmarks/results/."""
+    folder = tmp_path_factory.mktemp("benchmark-results")
+    os.environ["HARNESS_BENCHMARK_RESULTS"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory):
     """Runs trained once per session in this process (tests/shared_runs.py)."""

@@ -1,4 +1,5 @@
-"""Shared test set-up: a private cache folder, the real fixtures and config composition."""
+"""Shared test set-up: private folders for the cache and the benchmarks' results, the real fixtures and config
+composition."""
 import os
 import subprocess
 import sys

@@ -17,20 +17,15 @@ REAL = PROJECT / "tests" / "fixtures" / "real"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def harness_cache(tmp_path_factory):
-    """Samples, indexes and verification results go to a fresh folder for the whole session."""
-    cache = tmp_path_factory.mktemp("harness-cache")
-    os.environ["HARNESS_CACHE"] = str(cache)
-    return cache
-
-
-@pytest.fixture(scope="session", autouse=True)
-def benchmark_results(tmp_path_factory):
-    """The results files of the benchmarks a test runs, in this process or a child, go to a fresh folder for the
-    whole session, never into the checkout's benchmarks/results/."""
-    folder = tmp_path_factory.mktemp("benchmark-results")
-    os.environ["HARNESS_BENCHMARK_RESULTS"] = str(folder)
-    return folder
+def private_folders(tmp_path_factory):
+    """{variable: folder} of each folder the harness writes outside a run directory, fresh for the whole session
+    and set in the environment, so that this process and its children write there: samples, indexes and
+    verification results (HARNESS_CACHE), the results files of the benchmarks a test runs
+    (HARNESS_BENCHMARK_RESULTS), never into the user's cache or the checkout's benchmarks/results/."""
+    folders = {variable: tmp_path_factory.mktemp(name) for variable, name in
+               (("HARNESS_CACHE", "harness-cache"), ("HARNESS_BENCHMARK_RESULTS", "benchmark-results"))}
+    os.environ.update({variable: str(folder) for variable, folder in folders.items()})
+    return folders
 
 
 @pytest.fixture(scope="session")

@@ -244,7 +244,7 @@ def test_a_run_that_gets_no_batch_within_the_service_timeout_fails_in_one_line(w
 
 
 @pytest.mark.slow  # starts two TensorFlow servers beside the benchmark
-def test_the_service_benchmark_prints_its_rows_and_ratios(benchmark_results):
+def test_the_service_benchmark_prints_its_rows_and_ratios(private_folders):
     result = subprocess.run([sys.executable, "-m", "benchmarks", "service", "--workers", "1", "--repeats", "1", "--seconds",
                              "0.5"], cwd=PROJECT, capture_output=True, text=True, timeout=600,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -257,7 +257,8 @@ def test_the_service_benchmark_prints_its_rows_and_ratios(benchmark_results):
     assert set(rows) == {"file pipeline, read here", "through a localhost dispatcher, 1 worker(s)"}
     assert all(float(value) > 0 for values in rows.values() for value in values)
     assert "images/s" in out.split("ratio to the local row")[1] and "per CPU-s" in out
-    assert [json.loads(path.read_text())["command"] for path in benchmark_results.glob("*-service.json")] == \
+    written = private_folders["HARNESS_BENCHMARK_RESULTS"].glob("*-service.json")
+    assert [json.loads(path.read_text())["command"] for path in written] == \
         ["python -m benchmarks service --workers 1 --repeats 1 --seconds 0.5"]
 
 

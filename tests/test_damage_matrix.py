@@ -337,10 +337,10 @@ def base(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("damage") / "base"
     server = Server()
     try:
-        for step, args in enumerate([(*TINY, f"trainer.train_steps={TRAINED_TO}", "trainer.checkpoint_every=2"),
-                                     *(COMMANDS[command] for command in ("export", "test", "predict",
-                                                                         "predict-validation"))]):
-            out = run_dir.parent / f"step-{step}"
+        for name, args in [("train", (*TINY, f"trainer.train_steps={TRAINED_TO}", "trainer.checkpoint_every=2")),
+                           *((command, COMMANDS[command]) for command in ("export", "test", "predict",
+                                                                          "predict-validation"))]:
+            out = run_dir.parent / name  # the command's stdout and stderr
             out.mkdir()
             status, _, stderr, _ = server.run([*args, f"hydra.run.dir={run_dir}"], out)
             assert status == 0, stderr[-3000:]

@@ -199,8 +199,9 @@ def cases_of(run_dir) -> list:
     files, folders, kinds = [], [], set()
     for path in sorted(Path(run_dir).rglob("*")):
         relative = path.relative_to(run_dir).as_posix() + ("/" if path.is_dir() else "")
-        if label(relative) not in kinds or UNREAD.match(relative):  # the first of a kind stands for the rest
-            kinds.add(label(relative))
+        kind = label(relative)
+        if kind not in kinds or UNREAD.match(relative):  # the first of a kind stands for the rest
+            kinds.add(kind)
             (folders if path.is_dir() else files).append(relative)
     unread = tuple(path for path in files if UNREAD.match(path))
     cases = [((path,), how, TRAINING_COMMANDS) for path in files if path not in unread for how in DAMAGES]

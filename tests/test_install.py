@@ -24,13 +24,18 @@ def _project_files(folder):
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
-    """A fresh venv with the project installed from a copy of the tree, as `pip install .` does."""
+    """A fresh venv with the project installed from a copy of the tree, as `pip install .` does. Its dependencies
+    are this test environment's own, which its install took from the package registries: a line of a .pth file
+    puts them after the venv's own site-packages, and pip installs the project alone (`--no-deps`)."""
     root = tmp_path_factory.mktemp("install")
     source = root / "source"
     shutil.copytree(PROJECT, source, ignore=NOT_SHIPPED)
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
     python = root / "venv" / "bin" / "python"
-    result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(source)],
+    ours = sysconfig.get_paths()
+    (_site_packages(root / "venv") / "test-environment.pth").write_text(
+        "".join(f"{folder}\n" for folder in dict.fromkeys((ours["purelib"], ours["platlib"]))))
+    result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", str(source)],
                             capture_output=True, text=True, timeout=1800, env=_clean_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root / "venv", source

@@ -22,6 +22,7 @@ from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.tables import check_skipped, dataset_root, drop_undecodable
 from tf_harness.data.tfrecords.reader import check_shards
 from tf_harness.experiments.config import strategies
+from tf_harness.experiments.config.config_keys import TRAINING_MODES
 from tf_harness.experiments.config.settings import Job, Settings
 from tf_harness.experiments.evaluator import Evaluator
 from tf_harness.experiments.run_dir import interrupts
@@ -168,6 +169,10 @@ def log_start(settings, strategy, policy, run_dir_line) -> None:
     if policy != "float32":
         log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", settings.pipeline.dtype,
                  policy)
+    if policy == "mixed_float16" and settings.mode in TRAINING_MODES and not tf.config.list_logical_devices("GPU"):
+        log.warning("pipeline.dtype=float16 trains on CPU alone here: TensorFlow's CPU kernel for float16 "
+                    "convolution filter gradients is far slower than float32's, while bfloat16 trains at "
+                    "float32's pace on a CPU (docs/scaling.md#mixed-precision-on-a-cpu)")
     log.info("%s", run_dir_line)
 
 

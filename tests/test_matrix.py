@@ -73,6 +73,9 @@ def _check_trained(cell, run_dir, step):
             assert best["metric"] == metric and values[best["global_step"]] == chosen(values.values()), (best, values)
     if "trainer.class_weights" in cell.recipes:
         assert (run_dir / "class_weights.json").is_file()
+    import tensorflow as tf
+    warned = "pipeline.dtype=float16 trains on CPU alone" in (run_dir / "run.log").read_text()
+    assert warned == (cell.dtype == "float16" and not tf.config.list_logical_devices("GPU")), cell.id
 
 
 def _check_step(cell, run_dir, mode, overrides, returned):

@@ -105,11 +105,10 @@ def _declaration(declared, key):
                  if prefix in declared), None)
 
 
-# {(key, id of the declaration judging it, its value's type): that declaration, kept so that its id stays its own}
-# given wrong values in an earlier combination. The same declaration judges the same wrong value alike in every
-# combination, so each is given them once; a group's name (dataset.name, model.name, ...) in every combination, as
-# it decides which other keys are declared.
-_GIVEN_WRONG_VALUES = {}
+# (key, the declaration judging it, its value's type) given wrong values in an earlier combination. The same
+# declaration judges the same wrong value alike in every combination, so each is given them once; a group's name
+# (dataset.name, model.name, ...) in every combination, as it decides which other keys are declared.
+_GIVEN_WRONG_VALUES = set()
 
 
 @pytest.mark.parametrize("overrides", COMBINATIONS, ids=" ".join)
@@ -121,11 +120,10 @@ def test_every_leaf_key_is_declared_and_rejects_a_wrong_type(overrides):
     assert schema.problems(cfg, {}) == []
     declared = schema.declared(cfg)
     for key, value in _leaves(OmegaConf.to_container(cfg, resolve=True)):
-        declaration = _declaration(declared, key)
-        given = (key, id(declaration), type(value))
+        given = (key, _declaration(declared, key), type(value))
         if given in _GIVEN_WRONG_VALUES and not key.endswith(".name"):
             continue
-        _GIVEN_WRONG_VALUES[given] = declaration
+        _GIVEN_WRONG_VALUES.add(given)
         for wrong in (_wrong_type(value), {"wrong": "type"}):
             bad = copy.deepcopy(cfg)
             OmegaConf.update(bad, key, wrong, merge=False)

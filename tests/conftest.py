@@ -1,5 +1,7 @@
 """Shared test set-up: private folders for the cache and the benchmarks' results, the real fixtures and config
 composition."""
+import copy
+import functools
 import os
 import subprocess
 import sys
@@ -21,9 +23,17 @@ def private_folders(tmp_path_factory):
     """{variable: folder} of each folder the harness writes outside a run directory, fresh for the whole session
     and set in the environment, so that this process and its children write there: samples, indexes and
     verification results (HARNESS_CACHE), the results files of the benchmarks a test runs
-    (HARNESS_BENCHMARK_RESULTS), never into the user's cache or the checkout's benchmarks/results/."""
+    (HARNESS_BENCHMARK_RESULTS), never into the user's cache or the checkout's benchmarks/results/.
+
+    The workers of one `pytest -n` share the cache's samples/ folder: the suite only reads the embedded samples,
+    and data/samples makes one safely beside another process making it, as two runs sharing a cache do, so a
+    worker reads what the other has made rather than making it again."""
     folders = {variable: tmp_path_factory.mktemp(name) for variable, name in
                (("HARNESS_CACHE", "harness-cache"), ("HARNESS_BENCHMARK_RESULTS", "benchmark-results"))}
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "samples"  # the folder of this run's workers
+        shared.mkdir(exist_ok=True)
+        (folders["HARNESS_CACHE"] / "samples").symlink_to(shared, target_is_directory=True)
     os.environ.update({variable: str(folder) for variable, folder in folders.items()})
     return folders
 
@@ -50,11 +60,19 @@ def require_real_fixtures():
 
 
 def compose(*overrides):
-    """The project's config composed as `python run.py` would, with `overrides`."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    """The project's config composed as `python run.py` would, with `overrides`: the caller's own copy, which it
+    may change."""
     from tf_harness.experiments import cli
     cli.register_resolvers()
+    return copy.deepcopy(_composed(overrides))
+
+
+@functools.cache
+def _composed(overrides):
+    """Hydra composes each distinct tuple of overrides once per session. Why: a composition parses conf/'s YAML
+    afresh each time, and many tests ask for the same configs."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=list(overrides))

@@ -275,15 +275,17 @@ def test_crop_or_pad_keeps_scale(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def sample_tree(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sample")
-    sample.make_sample(root, seed=0)
-    return root
+def sample_tree():
+    """The session's embedded sample, as a run with dataset.root unset finds it; the tests here only read it."""
+    from tf_harness.data.samples import sample_root
+    return sample_root("imagenet_det", sample.make_sample)
 
 
 def file_digests(root):
+    """{path: sha256} of the files a generation writes (the cache's manifest of them left out)."""
+    from tf_harness.data.samples import MANIFEST
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
 def test_sample_is_deterministic(sample_tree, tmp_path):

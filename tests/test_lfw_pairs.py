@@ -149,10 +149,10 @@ def test_a_named_pipe_in_place_of_a_pairs_file_is_an_error_naming_it(real_tree):
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lfw") / "sample"
-    make_sample(root, seed=0)
-    return root
+def sample():
+    """The session's embedded sample, as a run with dataset.root unset finds it; the tests here only read it."""
+    from tf_harness.data.samples import sample_root
+    return sample_root("lfw_pairs", make_sample)
 
 
 def test_sample_has_the_real_layout_and_formats(sample):

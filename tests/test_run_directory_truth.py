@@ -47,9 +47,10 @@ def test_another_dataset_on_re_entry_exits_2(run_dir):
 
 
 def test_predict_with_nothing_else_on_the_line_uses_the_saved_config(run_dir):
+    from tf_harness.experiments import api
     before = saved_hydra(run_dir)
-    result = run_cli(f"hydra.run.dir={run_dir}", "mode=predict", "pipeline.batch_size=3")
-    assert result.returncode == 0, result.stderr[-3000:]
+    # `python run.py hydra.run.dir=<run> mode=predict pipeline.batch_size=3`, in this process.
+    api.run(["mode=predict", "pipeline.batch_size=3"], run_dir=str(run_dir))
     with open(run_dir / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
     assert rows and list(rows[0]) == ["path_a", "path_b", "fold", "same", "label", "global_step", "split"]

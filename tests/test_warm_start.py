@@ -114,11 +114,12 @@ def test_init_exclude_leaves_the_head_fresh(lfw_run, tmp_path):
 
 
 def test_a_missing_init_checkpoint_is_one_config_error_line(tmp_path):
+    from tf_harness.experiments import api
     missing = tmp_path / "nowhere" / "ckpt-6"
-    result = run_cli(*TINY_LFW, "trainer.train_steps=1", f"trainer.init_checkpoint={missing}",
-                     f"hydra.run.dir={tmp_path / 'run'}")
-    assert_config_error(result, f"trainer.init_checkpoint={missing} ", f"{missing}.index", "<run>/checkpoints/ckpt-6",
-                        alone=False)
+    with raises_naming(api.RunConfigError, f"trainer.init_checkpoint={missing} ", f"{missing}.index",
+                       "<run>/checkpoints/ckpt-6"):
+        api.run([*TINY_LFW, "trainer.train_steps=1", f"trainer.init_checkpoint={missing}"],
+                run_dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()  # refused before the run recorded itself: no folder is left behind
 
 

@@ -58,6 +58,7 @@ def test_an_evaluation_waiting_for_a_batch_says_so_and_stops_at_a_signal(tmp_pat
     from tf_harness.experiments.summaries import Summaries
 
     monkeypatch.setattr(blocking, "INTERVAL", 1.0)
+    monkeypatch.setattr(blocking, "GRACE", 0.5)  # what a held signal gives the wait: tests/test_faults.py times it
     spec = DatasetSpec(name="lfw_pairs", task="binary", class_names=("same",), channels=3)
     task = SimpleNamespace(SPEC=spec, protocol_metrics=lambda table, probabilities: {},
                            protocol_notes=lambda table: {})

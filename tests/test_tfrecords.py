@@ -47,6 +47,22 @@ def converted(tmp_path_factory):
     return convert
 
 
+@pytest.fixture(scope="module")
+def files_element_spec():
+    """The element_spec of input_fn reading a dataset's image files, built once per (dataset, training) for both
+    encodings' tests: (dataset, training, table) -> spec."""
+    done = {}
+
+    def spec(dataset, training, table):
+        if (dataset, training) not in done:
+            split = "train" if training else "validation"
+            done[dataset, training] = make_input(compose(f"dataset={dataset}", *SMALL), table, training,
+                                                 split).element_spec
+        return done[dataset, training]
+
+    return spec
+
+
 def _override(cfg, *dotlist):
     return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(dotlist)))
 
@@ -280,7 +296,7 @@ def test_bad_encoding_is_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 @pytest.mark.parametrize("dataset", sorted(TASKS))
-def test_reader_gives_what_the_file_pipeline_gives(converted, dataset, encoding):
+def test_reader_gives_what_the_file_pipeline_gives(converted, files_element_spec, dataset, encoding):
     cfg, manifest, tables = converted(dataset, encoding)
     task = task_of(cfg)
     for split in manifest["splits"]:
@@ -294,12 +310,12 @@ def test_reader_gives_what_the_file_pipeline_gives(converted, dataset, encoding)
                 for a, b in zip(expected, got, strict=True):
                     np.testing.assert_array_equal(a, b)
 
-    files_cfg = compose(f"dataset={dataset}", *SMALL)
     for training, split in ((True, "train"), (False, "validation")):
-        from_files = make_input(files_cfg, tables[split], training, split)
         from_shards = make_input(_override(cfg, "pipeline.source=tfrecord"), tables[split], training, split)
-        assert from_shards.element_spec == from_files.element_spec
+        assert from_shards.element_spec == files_element_spec(dataset, training, tables[split])
         next(iter(from_shards))
+
+
 
 
 def test_training_stream_is_shuffled_endless_and_whole_per_epoch(converted):

@@ -316,8 +316,6 @@ def test_reader_gives_what_the_file_pipeline_gives(converted, files_element_spec
         next(iter(from_shards))
 
 
-
-
 def test_training_stream_is_shuffled_endless_and_whole_per_epoch(converted):
     cfg, manifest, tables = converted("chest_xray", "raw")
     count = manifest["splits"]["train"]["count"]

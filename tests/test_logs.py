@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import PROJECT
+from tests.conftest import PROJECT, compose
 
 SMOKE = ("dataset=lfw_pairs", "experiment=smoke")
 # The loss, then each scalar the step measures (LFW's: accuracy), then the pace.
@@ -181,7 +181,6 @@ def test_float16_training_on_cpu_alone_is_one_warning_at_the_start(dtype, policy
     import logging
 
     import tensorflow as tf
-    from tests.conftest import compose
     from tf_harness.experiments import assembly
     from tf_harness.experiments.config.settings import Settings
 

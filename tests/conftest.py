@@ -69,15 +69,50 @@ def compose(*overrides):
 
 @functools.cache
 def _composed(overrides):
-    """Hydra composes each distinct tuple of overrides once per session. Why: a composition parses conf/'s YAML
-    afresh each time, and many tests ask for the same configs."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    """Each distinct tuple of overrides composed once per session: Hydra composes its config-group choices (and
+    any override of Hydra's own node or a sweep), and the rest, plain values, are applied to a copy of that with
+    Hydra's own override step, as Hydra applies them after the choices. Why: a composition parses conf/'s YAML
+    afresh each time, and most tests differ from another only in values."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import ConfigCompositionException
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=list(overrides))
+    parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    sweep = any(override.is_sweep_override() for override in parsed)
+
+    def plain(override):  # what Hydra's defaults list leaves to its override step
+        return (not sweep and not override.is_hydra_override()
+                and (isinstance(override.value(), dict) or not _group_exists(override.key_or_group)))
+
+    values = [override for override in parsed if plain(override)]
+    cfg = copy.deepcopy(_hydra_composed(tuple(override.input_line for override in parsed if not plain(override))))
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    except OmegaConfBaseException as error:  # as Hydra's load_configuration turns them
+        raise ConfigCompositionException() from error
     OmegaConf.set_struct(cfg, False)
     return cfg
+
+
+@functools.cache
+def _hydra_composed(overrides):
+    """Hydra's compose of `overrides`, in struct mode as Hydra leaves it."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+@functools.cache
+def _group_exists(name):
+    """Whether Hydra's search path holds a config group `name` (conf/'s, or a plugin's)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return GlobalHydra.instance().config_loader().repository.group_exists(name)
 
 
 def event_tags(logdir):

@@ -45,6 +45,33 @@ def test_command_line_overrides_win_over_dataset_defaults():
     assert cfg.model.name == "resnet_v2_50" and cfg.pipeline.image_size == 32
 
 
+@pytest.mark.parametrize("overrides", [
+    ("pipeline.batch_size=4", "dataset=imagenet_det", "experiment=smoke", "model.filters=[2,2,2,2,2]"),
+    ("dataset=chest_xray", "+trainer.extra=1", "model=semi_alexnet", "pipeline={image_size: 32, batch_size: 2}"),
+    ("experiment=smoke", "trainer.learning_rate=1e30", "hydra.run.dir=/tmp/run", "~seed"),
+    ("seed=1", "dataset=lfw_pairs", "seed=2"), ("trainer.trian_steps=3",), ("+seed=3",), ("~no_such_key",), ("dataset=no_such_dataset",), ("seed=1,2",),
+])
+def test_the_suites_compose_is_hydras(overrides):
+    """tests/conftest.py applies plain values to a cached composition of the choices: the same config, key order
+    and errors as Hydra's compose of all the overrides at once."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    def outcome(composed):
+        try:
+            cfg = composed()
+        except Exception as error:
+            return type(error), str(error), repr(error.__cause__)
+        return OmegaConf.to_yaml(cfg), OmegaConf.is_struct(cfg)
+
+    def hydras():
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
+        OmegaConf.set_struct(cfg, False)
+        return cfg
+
+    assert outcome(lambda: compose(*overrides)) == outcome(hydras)
+
+
 def test_run_directories_land_under_outputs_and_are_unique():
     from hydra import compose as hydra_compose, initialize_config_dir
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

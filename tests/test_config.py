@@ -49,7 +49,8 @@ def test_command_line_overrides_win_over_dataset_defaults():
     ("pipeline.batch_size=4", "dataset=imagenet_det", "experiment=smoke", "model.filters=[2,2,2,2,2]"),
     ("dataset=chest_xray", "+trainer.extra=1", "model=semi_alexnet", "pipeline={image_size: 32, batch_size: 2}"),
     ("experiment=smoke", "trainer.learning_rate=1e30", "hydra.run.dir=/tmp/run", "~seed"),
-    ("seed=1", "dataset=lfw_pairs", "seed=2"), ("trainer.trian_steps=3",), ("+seed=3",), ("~no_such_key",), ("dataset=no_such_dataset",), ("seed=1,2",),
+    ("seed=1", "dataset=lfw_pairs", "seed=2"), ("trainer.trian_steps=3",), ("+seed=3",), ("~no_such_key",),
+    ("dataset=no_such_dataset",), ("seed=1,2",),
 ])
 def test_the_suites_compose_is_hydras(overrides):
     """tests/conftest.py applies plain values to a cached composition of the choices: the same config, key order

@@ -12,6 +12,7 @@ config, the schema check, then experiments/runner.py. Importing this module impo
 a run starts TensorFlow as the command line does, once its config has passed the check.
 """
 import contextlib
+import gc
 import logging
 import signal
 
@@ -68,7 +69,9 @@ def run(overrides=(), run_dir=None, actions=()) -> dict:
 def _process_state_kept():
     """Gives the caller's process back as it was: the run takes the run directory's lock, installs its own SIGINT,
     SIGTERM and SIGUSR2 handlers and holds signals once it has logged its outcome (experiments/run_dir/
-    interrupts.py), and Hydra points the root logger at the run's run.log."""
+    interrupts.py), and Hydra points the root logger at the run's run.log. The run's input iterators, which reference
+    cycles keep alive, are collected before it returns. Why: a tf.data iterator's destructor waits for its threads,
+    and a later collection would wait there inside whatever code set it off."""
     from tf_harness.experiments.run_dir import interrupts, run_lock
 
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
@@ -85,3 +88,4 @@ def _process_state_kept():
             if handler not in kept[0]:
                 handler.close()
         root.handlers[:], root.level = kept
+        gc.collect()

@@ -111,15 +111,26 @@ def test_a_run_from_python_lets_go_of_its_run_directory_when_it_returns_or_raise
     from tf_harness.experiments.training.actions import Action
 
     run_dir = shared_runs.copy(*SHARED_SMOKE["lfw_pairs"], to=tmp_path / "run")
-    api.run(["mode=evaluate"], run_dir=str(run_dir))
+    earlier = {id(iterator) for iterator in _input_iterators()}
+    api.run(["trainer.train_steps=6"], run_dir=str(run_dir))  # trains on from the smoke run's 4 steps
     with lock_holder(run_dir):  # another process takes the lock at once
         pass
+    # Nor are its input iterators, whose threads a later garbage collection would wait on, left alive.
+    assert not [iterator for iterator in _input_iterators() if id(iterator) not in earlier]
 
     class Failing(Action):
         def after_loop(self, step, loop):
             raise RuntimeError("an action's own failure")
 
     with pytest.raises(Exception, match="an action's own failure"):
-        api.run(["mode=train", "trainer.train_steps=6"], run_dir=str(run_dir), actions=[Failing()])
+        api.run(["mode=train", "trainer.train_steps=8"], run_dir=str(run_dir), actions=[Failing()])
     with lock_holder(run_dir):
         pass
+
+
+def _input_iterators():
+    """The tf.data iterators this process holds, those only garbage collection would free included."""
+    import gc
+
+    from tensorflow.python.data.ops.iterator_ops import OwnedIterator
+    return [thing for thing in gc.get_objects() if isinstance(thing, OwnedIterator)]

@@ -22,7 +22,7 @@ from tf_harness.data.sources import TableRecords
 from tf_harness.data.tfrecords import layout, writer
 from tf_harness.experiments.config.settings import Settings
 from tests.conftest import PROJECT, compose, convert_shards, make_input, read_shards, run_cli, tables_of, task_of
-from tests.refusals import assert_config_error, assert_error, assert_names, raises_naming
+from tests.refusals import assert_config_error, assert_names, raises_naming
 
 SMALL = ("pipeline.image_size=32", "pipeline.batch_size=8")
 ENCODINGS = layout.ENCODINGS
@@ -549,15 +549,17 @@ def test_cut_train_shards_lose_only_their_lost_records_which_are_listed_counted_
 
 
 def test_a_run_whose_cut_shards_lose_too_much_stops_with_one_line(converted, tmp_path):
+    from tf_harness.experiments import api
     cfg, manifest, _ = _damaged_copy(converted, tmp_path)
     for shard in manifest["splits"]["train"]["shards"]:
         _cut(Path(cfg.tfrecord.dir) / shard["file"], 300)  # not even one whole record
-    run_dir = tmp_path / "run"
-    result = run_cli("dataset=chest_xray", *SMALL, "model=semi_alexnet", "tfrecord.encoding=raw",
-                     f"tfrecord.dir={cfg.tfrecord.dir}", "pipeline.source=tfrecord", "trainer.train_steps=2",
-                     f"hydra.run.dir={run_dir}")
-    lost = manifest["splits"]["train"]["count"]
-    assert_error(result, 1, f"{lost} of 361 examples", f"({lost} shard damaged)", "dataset.max_skipped_fraction=0.1")
+    run_dir, lost = tmp_path / "run", manifest["splits"]["train"]["count"]
+    with raises_naming(api.RunFailed, f"{lost} of 361 examples", f"({lost} shard damaged)",
+                       "dataset.max_skipped_fraction=0.1") as stopped:
+        api.run(["dataset=chest_xray", *SMALL, "model=semi_alexnet", "tfrecord.encoding=raw",
+                 f"tfrecord.dir={cfg.tfrecord.dir}", "pipeline.source=tfrecord", "trainer.train_steps=2"],
+                run_dir=str(run_dir))
+    assert stopped.value.status == 1 and "\n" not in str(stopped.value)  # the command line's exit status and line
     with open(run_dir / "skipped.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(manifest["splits"]["train"]["shards"])

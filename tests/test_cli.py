@@ -106,16 +106,6 @@ def test_an_image_size_the_model_cannot_take_exits_2_in_one_line_and_leaves_no_f
     assert not (tmp_path / "run").exists()
 
 
-def test_batch_that_does_not_divide_across_replicas_exits_2(tmp_path):
-    result = run_cli(*TINY, "strategy=mirrored", "pipeline.batch_size=3", f"hydra.run.dir={tmp_path}")
-    assert_config_error(result, "pipeline.batch_size=3", alone=False)
-
-
-def test_xla_under_several_replicas_exits_2(tmp_path):
-    result = run_cli(*TINY, "strategy=mirrored", "trainer.jit_compile=true", f"hydra.run.dir={tmp_path}")
-    assert_config_error(result, "trainer.jit_compile=true", "one replica", alone=False)
-
-
 @pytest.mark.slow
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"

@@ -1,14 +1,11 @@
-"""Augmentation and normalisation in the steps: ranges, seeding by step and replica, no augmentation in eval."""
-import os
-import subprocess
-import sys
-
+"""Augmentation and normalisation in the steps: ranges, seeding by step, no augmentation in eval (seeding by replica:
+tests/test_replicas.py)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tf_harness.experiments.config.settings import Settings
-from tests.conftest import PROJECT, compose
+from tests.conftest import compose
 
 
 def batch(seed=0, shape=(8, 16, 20, 3)):
@@ -64,25 +61,3 @@ def test_pairs_are_augmented_independently():
     images = batch()
     first, second = preprocess((images, images), training=True, step=tf.constant(2, tf.int64))
     assert not np.array_equal(first.numpy(), second.numpy())
-
-
-REPLICAS = """
-import numpy as np, tensorflow as tf
-from tf_harness.experiments.config import strategies
-from tests.conftest import compose
-strategy = strategies.make_strategy(compose("strategy=mirrored").strategy)  # two logical CPUs
-from tf_harness.experiments.config.settings import Settings
-preprocess = Settings.from_config(compose("dataset=imagenet_det")).preprocessing()
-images = tf.constant(np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), np.uint8))
-out = strategy.run(tf.function(lambda: preprocess(images, training=True, step=tf.constant(1, tf.int64))))
-first, second = (t.numpy() for t in strategy.experimental_local_results(out))
-print("replicas", strategy.num_replicas_in_sync, "differ", not np.array_equal(first, second))
-"""
-
-
-def test_replicas_draw_differently():
-    """The same images on two replicas at one step get different flips and brightness."""
-    done = subprocess.run([sys.executable, "-c", REPLICAS], cwd=PROJECT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "replicas 2 differ True" in done.stdout

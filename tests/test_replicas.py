@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import PROJECT
 from tests.refusals import assert_names
+from tests.shared_runs import SMOKE
 
 CHILD = """
 import json, sys
@@ -37,16 +38,14 @@ first, second = (t.numpy() for t in strategy.experimental_local_results(out))
 found["draws"] = [strategy.num_replicas_in_sync, not np.array_equal(first, second)]
 print(json.dumps(found))
 """
-TINY = ("dataset=chest_xray", "model=semi_alexnet", "model.filters=[2,2,2,2,2]", "model.dense_units=4",
-        "experiment=smoke")
 
 
 @pytest.fixture(scope="module")
 def two_replicas(tmp_path_factory):
     """{case: what the child found} for the cases of CHILD."""
-    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path_factory.mktemp("replicas")), json.dumps(TINY)],
-                          cwd=PROJECT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    run_dir = tmp_path_factory.mktemp("replicas")
+    done = subprocess.run([sys.executable, "-c", CHILD, str(run_dir), json.dumps(SMOKE["chest_xray"])], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

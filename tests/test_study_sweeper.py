@@ -88,7 +88,7 @@ def test_a_trial_of_a_process_whose_heartbeat_stopped_is_retried_afresh_in_this_
     alive = Launcher(tmp_path / "b")
     study_sweeper.sweep(config(tmp_path / "b", storage), alive, settings(n_trials=1, storage=storage), [])
     assert [t.state for t in trials(storage)] == [TrialState.RUNNING, TrialState.COMPLETE]  # not stale yet
-    time.sleep(4.5)
+    time.sleep(study_sweeper.GRACE_S + 1)  # SQLite keeps a heartbeat's time to the second: a whole second more
     later = Launcher(tmp_path / "c")
     study_sweeper.sweep(config(tmp_path / "c", storage), later, settings(n_trials=1, storage=storage), [])
     assert [t.state for t in trials(storage)] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]

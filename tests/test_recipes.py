@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tf_harness.experiments.evaluation import metrics_history
 from tests.conftest import run_cli
-from tests.refusals import assert_config_error, assert_names
+from tests.refusals import assert_names, raises_naming
 from tests.test_training_loop import BATCH, make_trainer, pairs
 
 # A tiny LFW run: 4 steps, evaluations at 2 and 4.
@@ -457,11 +457,12 @@ def test_the_sweep_summary_takes_the_best_value_where_the_job_reports_it(tmp_pat
 
 @pytest.mark.slow  # end-to-end runs
 def test_a_run_keeps_its_best_stops_early_stays_stopped_and_evaluates_its_best(tmp_path):
+    """The runs in this process (api.run, the command line's path): what they keep and write is under test."""
+    from tf_harness.experiments import api
     run_dir = tmp_path / "run"
     args = (*SMOKE, "trainer.train_steps=12", "trainer.keep_best=true", "trainer.keep_checkpoints=1",
-            "trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=0.5", f"hydra.run.dir={run_dir}")
-    trained = run_cli(*args)
-    assert trained.returncode == 0, trained.stderr[-3000:]
+            "trainer.early_stopping.patience=1", "trainer.early_stopping.min_delta=0.5")
+    api.run(args, run_dir=str(run_dir))
     # The first evaluation is the best; the second cannot beat it by 0.5: the run stops there, at step 4.
     assert [record["global_step"] for record in metrics_history.read(run_dir)] == [2, 4]
     record = json.loads((run_dir / "best.json").read_text())
@@ -472,22 +473,21 @@ def test_a_run_keeps_its_best_stops_early_stays_stopped_and_evaluates_its_best(t
     assert log.count("Stopping early at global step 4") == 1
     assert json.loads((run_dir / "metrics.json").read_text())["stopped_early"] is True
 
-    again = run_cli(*args)
-    assert again.returncode == 0, again.stderr[-3000:]
+    api.run(args, run_dir=str(run_dir))
     assert "The run stopped early at global step 4" in (run_dir / "run.log").read_text()
     assert len(metrics_history.read(run_dir)) == 2  # nothing trained, nothing evaluated
 
-    best = run_cli(f"hydra.run.dir={run_dir}", "mode=evaluate", "checkpoint=best")
-    assert best.returncode == 0, best.stderr[-3000:]
+    api.run(["mode=evaluate", "checkpoint=best"], run_dir=str(run_dir))
     evaluated = json.loads((run_dir / "metrics_validation.json").read_text())  # metrics.json is the run's own
     assert evaluated["global_step"] == 2 and evaluated["accuracy"] == record["value"]  # reproduced exactly
     assert json.loads((run_dir / "metrics.json").read_text())["stopped_early"] is True
-    resumed = run_cli(*args)
-    assert resumed.returncode == 0 and "Redoing the evaluation" not in resumed.stdout, resumed.stderr[-3000:]
+    logged = len((run_dir / "run.log").read_text())
+    api.run(args, run_dir=str(run_dir))
+    assert "Redoing the evaluation" not in (run_dir / "run.log").read_text()[logged:]
 
-    missing = run_cli(f"hydra.run.dir={run_dir}", "mode=evaluate", "checkpoint=3")
-    assert_config_error(missing, "checkpoint=3:", f"{run_dir}/checkpoints ", "global step 3;", "global steps 4",
-                        alone=False)
+    with raises_naming(api.RunConfigError, "checkpoint=3:", f"{run_dir}/checkpoints ", "global step 3;",
+                       "global steps 4"):
+        api.run(["mode=evaluate", "checkpoint=3"], run_dir=str(run_dir))
 
 
 # Bad values ------------------------------------------------------------------------------------------------------

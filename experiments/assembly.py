@@ -169,10 +169,12 @@ def log_start(settings, strategy, policy, run_dir_line) -> None:
     if policy != "float32":
         log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", settings.pipeline.dtype,
                  policy)
-    if policy == "mixed_float16" and settings.mode in TRAINING_MODES and not accelerated():
+    compiled = settings.trainer.jit_compile is True  # XLA's own float16 kernels, not TensorFlow's
+    if policy == "mixed_float16" and settings.mode in TRAINING_MODES and not accelerated() and not compiled:
         log.warning("pipeline.dtype=float16 trains on CPU alone here: TensorFlow's CPU kernel for float16 "
-                    "convolution filter gradients is far slower than float32's, while bfloat16 trains at "
-                    "float32's pace on a CPU (docs/scaling.md#mixed-precision-on-a-cpu)")
+                    "convolution filter gradients is far slower than float32's; bfloat16 trains at float32's "
+                    "pace on a CPU, and so does float16 with trainer.jit_compile=true, after a longer first step "
+                    "(docs/scaling.md#mixed-precision-on-a-cpu)")
     log.info("%s", run_dir_line)
 
 

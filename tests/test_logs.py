@@ -172,23 +172,28 @@ def test_a_first_evaluate_or_predict_without_a_checkpoint_records_nothing(tmp_pa
     assert result.returncode == 0, result.stdout[-3000:]
 
 
-@pytest.mark.parametrize("dtype, policy, mode, warned", [
-    ("float16", "mixed_float16", "train", True), ("float16", "mixed_float16", "evaluate", False),
-    ("bfloat16", "mixed_bfloat16", "train_and_evaluate", False), ("float32", "float32", "train", False)])
-def test_float16_training_on_cpu_alone_is_one_warning_at_the_start(dtype, policy, mode, warned, caplog):
+@pytest.mark.parametrize("dtype, policy, mode, jit_compile, warned", [
+    ("float16", "mixed_float16", "train", "null", True), ("float16", "mixed_float16", "evaluate", "null", False),
+    ("float16", "mixed_float16", "train", "false", True), ("float16", "mixed_float16", "train", "true", False),
+    ("bfloat16", "mixed_bfloat16", "train_and_evaluate", "null", False),
+    ("float32", "float32", "train", "null", False)])
+def test_float16_training_on_cpu_alone_is_one_warning_at_the_start(dtype, policy, mode, jit_compile, warned, caplog):
     """TensorFlow's CPU kernel for float16 convolution filter gradients is far slower than float32's
-    (docs/scaling.md): a run that would train on it says so, and names bfloat16."""
+    (docs/scaling.md): a run that would train on it says so, and names bfloat16 and XLA; a step compiled with XLA
+    does not run that kernel."""
     import logging
 
     import tensorflow as tf
     from tf_harness.experiments import assembly
     from tf_harness.experiments.config.settings import Settings
 
-    settings = Settings.from_config(compose("dataset=lfw_pairs", f"pipeline.dtype={dtype}", f"mode={mode}"))
+    settings = Settings.from_config(compose("dataset=lfw_pairs", f"pipeline.dtype={dtype}", f"mode={mode}",
+                                            f"trainer.jit_compile={jit_compile}"))
     with caplog.at_level(logging.INFO, logger="tf_harness.experiments.assembly"):
         assembly.log_start(settings, tf.distribute.get_strategy(), policy, "the run directory's line")
     warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
     on_cpu_alone = not tf.config.list_logical_devices("GPU")
     assert len(warnings) == (warned and on_cpu_alone), [record.getMessage() for record in warnings]
     if warnings:
-        assert all(part in warnings[0].getMessage() for part in ("pipeline.dtype=float16", "bfloat16", "scaling.md"))
+        assert all(part in warnings[0].getMessage()
+                   for part in ("pipeline.dtype=float16", "bfloat16", "trainer.jit_compile=true", "scaling.md"))

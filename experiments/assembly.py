@@ -30,7 +30,7 @@ from tf_harness.experiments.run_dir.directory import RunDirectory, claim
 from tf_harness.experiments.startup import StartupClock
 from tf_harness.experiments.summaries import Summaries
 from tf_harness.experiments.training import class_weights, recipes, xla_cache
-from tf_harness.experiments.training.trainer import Trainer, accelerated
+from tf_harness.experiments.training.trainer import Trainer, accelerated, resolve_jit_compile
 
 log = logging.getLogger(__name__)
 _POLICIES = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
@@ -169,7 +169,8 @@ def log_start(settings, strategy, policy, run_dir_line) -> None:
     if policy != "float32":
         log.info("pipeline.dtype=%s: Keras policy %s, float32 variables, logits and loss", settings.pipeline.dtype,
                  policy)
-    compiled = settings.trainer.jit_compile is True  # XLA's own float16 kernels, not TensorFlow's
+    # XLA's own float16 kernels, not TensorFlow's, where the step is compiled as the trainer will resolve it.
+    compiled = resolve_jit_compile(settings.trainer.jit_compile, strategy.num_replicas_in_sync, settings.deterministic)
     if policy == "mixed_float16" and settings.mode in TRAINING_MODES and not accelerated() and not compiled:
         log.warning("pipeline.dtype=float16 trains on CPU alone here: TensorFlow's CPU kernel for float16 "
                     "convolution filter gradients is far slower than float32's; bfloat16 trains at float32's "

@@ -296,7 +296,8 @@ def test_a_server_that_is_not_a_dispatcher_is_one_line_not_a_wait(monkeypatch, w
     from tf_harness.data import service
     from tf_harness.data.errors import ConfigError
 
-    monkeypatch.setattr(service, "_CONNECT_SECONDS", 1)
+    if reply is None:  # the silent server is waited for until the timeout; one that answers is not
+        monkeypatch.setattr(service, "_CONNECT_SECONDS", 1)
     server = _NotGrpc(reply)
     address = f"grpc://localhost:{server.port}"
     try:

@@ -1,6 +1,6 @@
 """The benchmarks' only contact with the project's config and data API.
 
-Every call into `tf_harness.data.*` (Tasks, `load_tables`, `path_columns`, `input_fn`, the TFRecord
+Every call into `tf_harness.data.*` (Tasks, `load_tables`, `path_columns`, `input_fn`, `make_iterator`, the TFRecord
 converter's command line) and the Hydra config composition lives in the small functions below, so a
 change of that API is adapted here and nowhere else. The rest of `benchmarks/` sees plain values:
 a `DatasetInfo`, a `Bench` (one dataset at one batch and image size), a `tf.data.Dataset` of training
@@ -153,6 +153,13 @@ def train_input(cfg, table, workdir, seed):
 
     pipeline = replace(Settings.from_config(cfg).input_pipeline(), seed=seed)
     return input_fn(Settings.from_config(cfg).task(), table, pipeline, split="train", training=True, model_dir=workdir)
+
+
+def project_iterator(data):
+    """The project's iterator over `data` (data/iterators.py), as its trainer and evaluator make them."""
+    from tf_harness.data.iterators import make_iterator
+
+    return make_iterator(data)
 
 
 def training_records(cfg, table):

@@ -8,6 +8,7 @@
     python -m benchmarks input starvation [--datasets chest_xray] [--steps 10] [--model resnet_v2_152]
                                           [--batch-size 32] [--image-size 224]
     python -m benchmarks input augment [--batch-size 64] [--image-size 224] [--rounds 3] [--seconds 2]
+    python -m benchmarks input release [--datasets ...] [--rounds 8] [--seconds 4]
 
 Modes (`python -m benchmarks input MODE --help` for each one's options):
 
@@ -39,6 +40,11 @@ augment: what the train step's augmentation costs (data/preprocessing.py), on on
     flips  flips and brightness (pipeline.augment), the default
     crop   flips, brightness and pipeline.random_resized_crop at its defaults (scale [0.08, 1], ratio [3/4, 4/3])
     mix    crop, then pipeline.mixup_alpha=0.2 and cutmix_alpha=1.0 (each batch takes one of them)
+release: what letting go of an iterator costs the thread that lets go of it. Over the same training input
+    (input_fn(training=True)), each row draws batches for --seconds, then its last reference is dropped, timed:
+    iter     TensorFlow's own iterator, `iter(dataset)`
+    project  the project's (data/iterators.py), destroyed in a thread of its own
+    A wait is the iterator's destructor waiting for tf.data's autotuning thread.
 starvation: does the real pipeline hold a real model's training step back? The Trainer fed by the real
     pipeline and by one cached batch repeated, in alternating blocks (see benchmarks/input_starvation.py).
 
@@ -55,6 +61,7 @@ import argparse
 import glob
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -67,7 +74,7 @@ from benchmarks.measure import CORES, Source
 # `--help` answers without it.
 
 NAME = "input"
-MODES = ("throughput", "resize", "guard", "starvation", "augment")
+MODES = ("throughput", "resize", "guard", "starvation", "augment", "release")
 REAL_NIH = data_api.ROOT / "tests" / "fixtures" / "real" / "nih" / "images" / "*.png"
 log = logging.getLogger("benchmarks.input")
 
@@ -284,6 +291,42 @@ def augment_start(preprocess, images, labels):
 
 
 # ---------------------------------------------------------------------------------------------
+# release: letting go of an iterator
+
+RELEASE_ROWS = ("iter", "project")
+WAITED = 0.1  # seconds: a let-go that took longer waited for a thread
+
+
+def release(args):
+    """Per dataset, RELEASE_ROWS in paired rounds over the same training input; prints the waits of the thread
+    that lets go of each row's iterators."""
+    with tempfile.TemporaryDirectory(prefix="release-bench-") as workdir:
+        for name, image_size in datasets_and_sizes(args):
+            bench = data_api.Bench(name, args.batch_size, image_size, workdir)
+            data = data_api.train_input(bench.cfg, bench.table, bench.workdir, measure.SEED)
+            make = {"iter": iter, "project": data_api.project_iterator}
+            waits = {key: [] for key in RELEASE_ROWS}
+            before = measure.load_average()
+            for _, key in measure.rotations(RELEASE_ROWS, args.rounds):
+                held = [make[key](data)]  # its one reference
+                started = time.monotonic()
+                while time.monotonic() - started < args.seconds:
+                    next(held[0])
+                waits[key].append(measure.timed(held.clear))
+            print(f"\n### {name}: {input_report.size_label(bench)}, batch {args.batch_size}; {args.rounds} paired "
+                  f"rounds of {args.seconds:g} s of batches; load average (1 min) {before:.2f} before, "
+                  f"{measure.load_average():.2f} after\n")
+            print(f"| row | let-go s, median | max | total | let-gos over {WAITED:g} s | CPU s, total |")
+            print("|---|---|---|---|---|---|")
+            for key in RELEASE_ROWS:
+                seconds = [timing.seconds for timing in waits[key]]
+                print(f"| {key} | {statistics.median(seconds):.3f} | {max(seconds):.3f} | {sum(seconds):.2f} | "
+                      f"{sum(s > WAITED for s in seconds)} of {len(seconds)} | "
+                      f"{sum(timing.cpu for timing in waits[key]):.2f} |")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # The command line
 
 
@@ -330,6 +373,10 @@ def parser():
         elif mode == "guard":
             add_data(sub, ",".join(data_api.DATASETS), 64, "default")
             add_rounds(sub, 4, 1.0, 8)
+        elif mode == "release":
+            add_data(sub, ",".join(data_api.DATASETS), 64, "default")
+            sub.add_argument("--rounds", type=int, default=8, help="paired rounds")
+            sub.add_argument("--seconds", type=float, default=4.0, help="how long each iterator draws batches")
         elif mode == "augment":
             sub.add_argument("--batch-size", type=int, default=64)
             sub.add_argument("--image-size", type=image_sizes, default="224", help="comma-separated square sizes")
@@ -346,7 +393,7 @@ def main(argv=None):
     args = parser().parse_args(full)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     run = {"throughput": throughput, "resize": resize, "guard": guard, "starvation": input_starvation.run,
-           "augment": augment}
+           "augment": augment, "release": release}
     with record.recorded(NAME, argv):
         status = run[args.mode](args)
     print(f"command: {measure.command(NAME, argv)}")

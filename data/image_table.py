@@ -41,6 +41,7 @@ import tensorflow as tf
 import yaml
 
 from tf_harness.data.integrity import reading, unreadable
+from tf_harness.data.iterators import make_iterator
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
@@ -168,7 +169,7 @@ class ImageTableRecords:
             images = tf.Variable(tf.zeros([len(table), height, width, task.SPEC.channels], tf.uint8),
                                  trainable=False, name="image_table")
         whole, count = [], 0
-        for batch, _, weights in decoded:
+        for batch, _, weights in make_iterator(decoded):
             loaded = weights.numpy() > 0
             whole.append(loaded)
             if loaded.any():

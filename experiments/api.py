@@ -70,8 +70,8 @@ def _process_state_kept():
     """Gives the caller's process back as it was: the run takes the run directory's lock, installs its own SIGINT,
     SIGTERM and SIGUSR2 handlers and holds signals once it has logged its outcome (experiments/run_dir/
     interrupts.py), and Hydra points the root logger at the run's run.log. The run's input iterators, which reference
-    cycles keep alive, are collected before it returns. Why: a tf.data iterator's destructor waits for its threads,
-    and a later collection would wait there inside whatever code set it off."""
+    cycles keep alive, are collected before it returns, so that nothing of the run outlives it; TensorFlow's
+    iterators behind them end in data/iterators.py's thread."""
     from tf_harness.experiments.run_dir import interrupts, run_lock
 
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}

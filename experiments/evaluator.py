@@ -19,6 +19,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data.evaluation_sample import EXAMPLES_PER_STEP, sample_rows
 from tf_harness.data.integrity.writing import replacing
+from tf_harness.data.iterators import make_iterator
 from tf_harness.data.tables import path_columns
 from tf_harness.experiments.evaluation import heatmaps, intervals, metrics, metrics_history
 from tf_harness.experiments.evaluation.metrics_history import evaluated_record, write_metrics
@@ -89,7 +90,7 @@ class Evaluator:
         order and padding removed; the summed loss; and which of those rows count (weight > 0: a damaged file
         that was not checked up front has 0)."""
         logits, weights, total_loss = [], [], 0.0
-        iterator = iter(data)
+        iterator = make_iterator(data)
         batches = -(-rows // self.batch_size)  # the last one padded
         longest = 0.0  # the longest wait for a batch yet, in seconds
         with tqdm(total=batches, desc="evaluate", unit="batch", leave=False, dynamic_ncols=True) as progress:

@@ -18,6 +18,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data import service
 from tf_harness.data.input_fn import input_fn
+from tf_harness.data.iterators import make_iterator
 from tf_harness.data.integrity import unreadable
 from tf_harness.experiments import assembly, checkpoint_modes, sidecar
 from tf_harness.experiments.config import strategies
@@ -201,7 +202,7 @@ class Controller:
         batch = blocking.call(next, iterator, what="the first training batch", **self._input_wait())
         if run.writes:
             run.summaries.inputs(*review.as_seen(batch, run.trainer.preprocess, step), run.task.SPEC, step)
-        return run.trainer.first_update(iter(tf.data.Dataset.from_tensors(batch)), iterator)
+        return run.trainer.first_update(make_iterator(tf.data.Dataset.from_tensors(batch)), iterator)
 
     def _train_loop(self, iterator, length, step, longest, first):
         """One train loop. The `first` trains on the batch fetched already, so it waits for no input, and runs here,

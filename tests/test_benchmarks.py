@@ -301,6 +301,15 @@ def test_input_augment_runs_the_flips_the_crop_and_the_mixing(capsys):
     against_rows(out, ["flips", "crop", "mix"], "flips")
 
 
+def test_input_release_times_letting_go_of_both_rows_iterators(capsys):
+    out = run_benchmark(capsys, "input", "release", "--datasets", "lfw_pairs", "--image-size", "16", "--batch-size",
+                        "4", "--rounds", "1", "--seconds", "0.05")
+    assert "### lfw_pairs: 16x16, batch 4; 1 paired rounds of 0.05 s of batches" in out
+    for key in ("iter", "project"):
+        assert re.search(rf"^\| {key} \| \d+\.\d{{3}} \| \d+\.\d{{3}} \| \d+\.\d\d \| [01] of 1 \| \d+\.\d\d \|$", out,
+                         re.MULTILINE), out
+
+
 def test_service_runs_the_local_row(capsys):
     out = run_benchmark(capsys, "service", "--workers", "0", "--rounds", "1", "--seconds", "0.1", "--batch-size", "4",
                         "--image-size", "16")

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tf_harness.data.errors import ConfigError, DatasetError
 from tf_harness.data.integrity import reading
+from tf_harness.data.iterators import make_iterator
 from tf_harness.data.tfrecords.layout import (MANIFEST, SHARD_NAME, TFRecordSettings, convert_command, fingerprint,
                                               image_prefix, label_key, preprocessing, read_verdicts, sha256,
                                               shard_state, write_verdicts)
@@ -134,11 +135,12 @@ def _count_readable(path, limit) -> int:
     the first that does not."""
     count = 0
     try:
-        for size in tf.data.TFRecordDataset(path).take(limit).batch(_COUNT_BATCH).map(tf.size):
+        for size in make_iterator(tf.data.TFRecordDataset(path).take(limit).batch(_COUNT_BATCH).map(tf.size)):
             count += int(size)
     except tf.errors.OpError:  # within the batch that failed, count one by one
         try:
-            for _ in tf.data.TFRecordDataset(path).skip(count).take(min(_COUNT_BATCH, limit - count)):
+            rest = tf.data.TFRecordDataset(path).skip(count).take(min(_COUNT_BATCH, limit - count))
+            for _ in make_iterator(rest):
                 count += 1
         except tf.errors.OpError:
             pass

@@ -23,6 +23,7 @@ from tf_harness.data.errors import DatasetError
 from tf_harness.data.integrity import reading
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.integrity.writing import is_temporary, publish
+from tf_harness.data.iterators import make_iterator
 from tf_harness.data.sources import TableRecords
 from tf_harness.data.tables import load_tables, path_columns
 from tf_harness.data.tfrecords.layout import (FORMAT_VERSION, MANIFEST, SHARD_NAME, TFRecordSettings, convert_command,
@@ -84,9 +85,9 @@ def _stored_images(task, encoding, rows):
     source = TableRecords(task, rows)
     data = source.records(seed=0).map(lambda i: (i, source.load(i)[0]), num_parallel_calls=tf.data.AUTOTUNE,
                                       deterministic=True)
-    for i, pixels in data.ignore_errors().as_numpy_iterator():  # a row whose load fails is left out
-        yield i, [(image.tobytes(), "raw", *image.shape) for image in (pixels if isinstance(pixels, tuple)
-                                                                         else (pixels,))]
+    for i, pixels in make_iterator(data.ignore_errors()):  # a row whose load fails is left out
+        images = [image.numpy() for image in (pixels if isinstance(pixels, tuple) else (pixels,))]
+        yield int(i), [(image.tobytes(), "raw", *image.shape) for image in images]
 
 
 def _serialize(features: dict) -> bytes:

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_harness.data import losses
+from tf_harness.data.iterators import make_iterator
 from tf_harness.data.errors import ConfigError
 from tf_harness.experiments.config import graph_optimizer
 from tf_harness.experiments.training import fine_tuning, optimizers, recipes
@@ -507,8 +508,8 @@ class Trainer:
         """An iterator over the training input `data`, its batches copied to `input_device` ahead of the step where
         that is set."""
         if self.input_device is None:
-            return iter(data)
-        return iter(data.apply(tf.data.experimental.prefetch_to_device(self.input_device, buffer_size=2)))
+            return make_iterator(data)
+        return make_iterator(data.apply(tf.data.experimental.prefetch_to_device(self.input_device, buffer_size=2)))
 
     def first_update(self, first, iterator):
         """The iterator of the first train loop, one step: `first`, a one-batch iterator (the batch TensorBoard
@@ -519,7 +520,7 @@ class Trainer:
         data = tf.data.Dataset.from_tensors(next(first))
         for _ in range(self.accumulate_steps - 1):
             data = data.concatenate(tf.data.Dataset.from_tensors(next(iterator)))
-        return iter(data)
+        return make_iterator(data)
 
     def _train_one(self, iterator):
         """One train step over `iterator`, with `_train_loop`'s results."""

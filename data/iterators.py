@@ -16,20 +16,30 @@ from tensorflow.python.data.ops import iterator_ops
 
 
 class _Dropping:
-    """The daemon thread that destroys what `drop` is given, started by the first `drop` of this process."""
+    """The daemon thread that destroys what `drop` is given: one per process, started by `start`."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.pid, self.queue = None, None
+        self.started = None  # (pid, queue) of the process whose thread serves the queue
 
-    def drop(self, held: list) -> None:
-        """Empties `held`, a list only this call's caller holds, in the thread."""
+    def start(self) -> None:
+        """Starts this process's thread unless it runs (a forked child starts its own). Why here and not at the
+        first `drop`: a thread started inside a garbage collection may wait for ever on the interpreter's exit,
+        and on a lock its own thread holds."""
         with self.lock:
-            if self.pid != os.getpid():  # the first call, or a forked child, whose parent's thread is not in it
-                self.pid, self.queue = os.getpid(), queue.SimpleQueue()
-                threading.Thread(target=self._serve, args=(self.queue,), name="tf_harness: dropped iterators",
+            if self.started is None or self.started[0] != os.getpid():
+                dropped = queue.SimpleQueue()
+                threading.Thread(target=self._serve, args=(dropped,), name="tf_harness: dropped iterators",
                                  daemon=True).start()
-            self.queue.put(held)
+                self.started = os.getpid(), dropped
+
+    def drop(self, held: list, getpid=os.getpid) -> None:
+        """Empties `held`, a list only this call's caller holds, in this process's thread; in a process without
+        one (an iterator a forked child took from its parent), the caller's list is left to empty itself. Takes no
+        lock, and SimpleQueue.put may interrupt itself: a garbage collection may call it anywhere."""
+        started = self.started
+        if started is not None and started[0] == getpid():
+            started[1].put(held)
 
     @staticmethod
     def _serve(dropped):
@@ -44,14 +54,13 @@ class _Iterator(iterator_ops.OwnedIterator):
     """A tf.data OwnedIterator whose resource, TensorFlow's iterator, is handed to the dropping thread on deletion."""
 
     def __del__(self, dropping=_DROPPING):
-        held = [self.__dict__.pop("_iterator_resource", None)]  # the resource's one reference from here on
-        try:
-            dropping.drop(held)
-        except Exception:  # noqa: BLE001  the interpreter is shutting down: destroyed here, as TensorFlow's are
-            held.clear()
+        dropping.drop([self.__dict__.pop("_iterator_resource", None)])  # the list holds the resource's one reference
 
 
 def make_iterator(data):
     """An iterator over `data`: for a tf.data.Dataset, the one `iter(data)` makes (eager, outside tf.function), save
     for what the module's docstring says; any other iterable's own."""
-    return _Iterator(data) if isinstance(data, tf.data.Dataset) else iter(data)
+    if not isinstance(data, tf.data.Dataset):
+        return iter(data)
+    _DROPPING.start()
+    return _Iterator(data)

@@ -36,7 +36,7 @@ class _Dropping:
     def drop(self, held: list, getpid=os.getpid) -> None:
         """Empties `held`, a list only this call's caller holds, in this process's thread; in a process without
         one (an iterator a forked child took from its parent), the caller's list is left to empty itself. Takes no
-        lock, and SimpleQueue.put may interrupt itself: a garbage collection may call it anywhere."""
+        lock, and SimpleQueue.put is reentrant: a garbage collection may call it anywhere, inside `start` too."""
         started = self.started
         if started is not None and started[0] == getpid():
             started[1].put(held)

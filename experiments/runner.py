@@ -18,8 +18,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tf_harness.data import service
 from tf_harness.data.input_fn import input_fn
-from tf_harness.data.iterators import make_iterator
 from tf_harness.data.integrity import unreadable
+from tf_harness.data.iterators import make_iterator
 from tf_harness.experiments import assembly, checkpoint_modes, sidecar
 from tf_harness.experiments.config import strategies
 from tf_harness.experiments.config.settings import Job, Settings

@@ -23,8 +23,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_harness.data import losses
-from tf_harness.data.iterators import make_iterator
 from tf_harness.data.errors import ConfigError
+from tf_harness.data.iterators import make_iterator
 from tf_harness.experiments.config import graph_optimizer
 from tf_harness.experiments.training import fine_tuning, optimizers, recipes
 from tf_harness.experiments.training.loop_input import LoopInput

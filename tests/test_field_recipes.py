@@ -391,6 +391,29 @@ def test_an_evaluation_shows_the_first_validation_images_heatmaps(tmp_path):
     assert event.step == 3 and len(event.tensor_proto.string_val) == 2 + heatmaps.SHOWN  # width, height, images
 
 
+def test_an_image_that_does_not_decode_is_left_out_of_the_heatmaps(tmp_path):
+    """An unverified run whose first validation images held a damaged file ended in a traceback at its first
+    evaluation, the heatmaps reading it on the host; predict's heatmaps read their files again the same way."""
+    from types import SimpleNamespace
+
+    images = {f"{k}.png": np.full((8, 8, 1), 40 * k, np.uint8) for k in range(5)}
+
+    def read_image(path):
+        if path.numpy().decode() == "1.png":
+            raise tf.errors.InvalidArgumentError(None, None, "Invalid PNG data, size 3000")
+        return tf.constant(images[path.numpy().decode()])
+
+    task = SimpleNamespace(SPEC=SimpleNamespace(class_names=("bright", "dark")), read_image=read_image)
+    trainer = SimpleNamespace(model=_spot_model(), preprocess=Preprocessing(False, False, "unit_range", 0))
+    overlays, shown = heatmaps.ValidationHeatmaps(task, trainer, pd.DataFrame({"path": list(images)})).overlays()
+    assert len(overlays) == heatmaps.SHOWN - 1 and "1.png" not in shown and "2.png" in shown
+    predictions = pd.DataFrame({"path": list(images), "bright": np.linspace(0.1, 0.5, 5),
+                                "dark": np.linspace(0.9, 0.5, 5)})
+    folder = heatmaps.write_top(task, trainer, predictions, 4, tmp_path)
+    index = pd.read_csv(folder / heatmaps.INDEX)
+    assert len(index) == 3 and "1.png" not in set(index.path)
+
+
 def test_fewer_heatmaps_after_more_leave_the_folder_holding_what_its_index_lists(tmp_path):
     """heatmaps=3 after heatmaps=12 left the 12 old overlays beside an index of 3."""
     from types import SimpleNamespace

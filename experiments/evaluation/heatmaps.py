@@ -25,7 +25,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.data.integrity import reading
+from tf_harness.data.integrity import reading, resources
 from tf_harness.data.integrity.writing import replacing
 
 log = logging.getLogger(__name__)
@@ -90,9 +90,20 @@ def overlay(image, heatmap) -> np.ndarray:
     return np.clip((1 - OPACITY) * rgb + OPACITY * colours, 0, 255).astype(np.uint8)
 
 
-def _images(task, paths):
-    """The uint8 images of `paths`, decoded and resized as the pipeline does."""
-    return np.stack([task.read_image(tf.constant(str(path))).numpy() for path in paths])
+def _readable(task, paths) -> tuple:
+    """(the positions in `paths` of the images that decode, those uint8 images stacked, decoded and resized as the
+    pipeline does; None when none does). A file that does not decode is left out with a log line: the pipeline's
+    guard reports it (data/integrity/unreadable.py)."""
+    kept, images = [], []
+    for position, path in enumerate(paths):
+        try:
+            images.append(task.read_image(tf.constant(str(path))).numpy())
+        except tf.errors.OpError as error:
+            resources.raise_if_exhausted(error, f"decoding {path} for its heatmap")
+            log.info("No heatmap of %s: it does not decode (%s)", path, (error.message.splitlines() or [""])[0])
+            continue
+        kept.append(position)
+    return kept, np.stack(images) if images else None
 
 
 def _name(text) -> str:
@@ -123,7 +134,10 @@ def write_top(task, trainer, predictions, count, model_dir, batch_size=16) -> Pa
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start:start + batch_size]
         paths = [predictions.path.iloc[row] for row, _ in chunk]
-        images = _images(task, paths)
+        kept, images = _readable(task, paths)
+        chunk, paths = [chunk[i] for i in kept], [paths[i] for i in kept]
+        if not kept:
+            continue
         heatmaps = cam(trainer.preprocess(images, training=False), [k for _, k in chunk])
         for (row, k), path, image, heatmap in zip(chunk, paths, images, heatmaps):
             file = folder / f"{_name(Path(path).stem)}_{_name(names[k])}.png"
@@ -164,8 +178,8 @@ def _listed(index) -> set:
 
 
 class ValidationHeatmaps:
-    """The heatmaps an evaluation shows in TensorBoard: the first SHOWN validation examples, each for the class the
-    model scores highest then; their images are read once."""
+    """The heatmaps an evaluation shows in TensorBoard: the first SHOWN validation examples, those whose images
+    decode, each for the class the model scores highest then; their images are read once."""
 
     def __init__(self, task, trainer, table):
         self.task, self.trainer = task, trainer
@@ -183,7 +197,10 @@ class ValidationHeatmaps:
                 log.info("No heatmaps in TensorBoard: %s", error)
                 self.paths = []
                 return None
-            self._images = _images(self.task, self.paths)
+            kept, self._images = _readable(self.task, self.paths)
+            self.paths = [self.paths[i] for i in kept]
+            if not kept:
+                return None
         features = self.trainer.preprocess(self._images, training=False)
         logits = self.trainer.model(features, training=False)
         classes = np.argmax(np.asarray(logits), axis=-1)

@@ -155,6 +155,17 @@ def train_input(cfg, table, workdir, seed):
     return input_fn(Settings.from_config(cfg).task(), table, pipeline, split="train", training=True, model_dir=workdir)
 
 
+def start_phases(dataset, root, image_size):
+    """A run's two data phases at its start, over the tree at `root`, with `dataset`'s Task as a run at `image_size`
+    builds it from its config: `index()`, which returns the split tables, and `verify(tables)`, which leaves out
+    the files that do not decode (as pipeline.verify_images=true does)."""
+    from tf_harness.data.integrity.skipped import SkipLog
+    from tf_harness.data.tables import drop_undecodable
+
+    task, skipped = Settings.from_config(compose_cfg(dataset, 1, image_size)).task(), SkipLog()
+    return lambda: task.index(root, skipped), lambda tables: drop_undecodable(tables, skipped)
+
+
 def project_iterator(data):
     """The project's iterator over `data` (data/iterators.py), as its trainer and evaluator make them."""
     from tf_harness.data.iterators import make_iterator

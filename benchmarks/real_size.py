@@ -161,16 +161,13 @@ def run(dataset, root: Path, cache: Path, run_dir: Path) -> dict:
 # A start's data phases alone, in a fresh process: wall and CPU seconds of the index and the verification.
 PHASES = """
 import json, sys, time
-from tf_harness.data import TASKS, Decode
-from tf_harness.data.integrity.skipped import SkipLog
-from tf_harness.data.tables import drop_undecodable
+from benchmarks import data_api
 name, root = sys.argv[1:3]
-options = {"validation_fraction": 0.1} if name == "chest_xray" else {}
-task = TASKS[name](Decode((32, 32), "resize"), 0, **options)
-laps, skipped = {}, SkipLog()
+index, verify = data_api.start_phases(name, root, 32)
+laps = {}
 for phase in ("index", "verify"):
     wall, cpu = time.perf_counter(), time.process_time()
-    tables = task.index(root, skipped) if phase == "index" else drop_undecodable(tables, skipped)
+    tables = index() if phase == "index" else verify(tables)
     laps[phase] = (time.perf_counter() - wall, time.process_time() - cpu)
 print(json.dumps(laps))
 """

@@ -58,9 +58,10 @@ def test_a_failing_deferred_block_keeps_its_own_error(handlers):
 
 @pytest.fixture
 def quick(monkeypatch):
-    """Waiting lines every second, and a half-second grace for a held signal."""
-    monkeypatch.setattr(blocking, "INTERVAL", 1.0)
-    monkeypatch.setattr(blocking, "GRACE", 0.5)
+    """Waiting lines every 0.4 s, a 0.2 s grace for a held signal, and the wait looking every 0.05 s."""
+    monkeypatch.setattr(blocking, "INTERVAL", 0.4)
+    monkeypatch.setattr(blocking, "GRACE", 0.2)
+    monkeypatch.setattr(blocking, "_SLICE", 0.05)
 
 
 @pytest.fixture
@@ -99,11 +100,11 @@ def test_work_that_runs_long_says_so_at_an_interval_and_fails_past_its_bound(qui
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger=blocking.__name__):
         with pytest.raises(blocking.Stalled) as raised:
-            blocking.call(blocked, what="the first training batch", hint="is a worker running?", timeout=2.6,
-                          stalled=lambda: "no training batch in 2.6 s")
-    assert str(raised.value) == "no training batch in 2.6 s"
+            blocking.call(blocked, what="the first training batch", hint="is a worker running?", timeout=1.0,
+                          stalled=lambda: "no training batch in 1.0 s")
+    assert str(raised.value) == "no training batch in 1.0 s"
     assert blocking.call(pow, 2, 3, what="the next work") == 8  # in a thread of its own
-    assert 2.6 <= time.monotonic() - started < 5
+    assert 1.0 <= time.monotonic() - started < 2.5
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 2, lines
     for line in lines:
@@ -123,12 +124,12 @@ def test_a_wait_that_fails_leaves_the_unfinished_work_its_thread_and_the_next_ca
 
 def test_work_expected_to_take_long_says_so_only_past_what_it_takes(quick, caplog):
     with caplog.at_level(logging.WARNING, logger=blocking.__name__):
-        assert blocking.call(time.sleep, 1.6, what="a loop", expected=1.0) is None
+        assert blocking.call(time.sleep, 0.6, what="a loop", expected=0.4) is None
         with pytest.raises(blocking.Stalled):
-            blocking.call(time.sleep, 5, what="the train loop at global step 7", expected=1.0, timeout=1.6)
+            blocking.call(time.sleep, 2, what="the train loop at global step 7", expected=0.4, timeout=0.64)
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 1, lines
-    assert_names(lines[0], "the train loop at global step 7", "1.0 s")
+    assert_names(lines[0], "the train loop at global step 7", "0.4 s")
 
 
 def test_a_signal_stops_blocked_work_at_once_outside_a_deferred_block(handlers, blocked):
@@ -146,7 +147,7 @@ def test_a_signal_inside_a_deferred_block_lets_work_that_finishes_in_its_grace_l
     signal_soon(signal.SIGINT, after=0.1)
     with pytest.raises(interrupts.Interrupted) as raised:
         with interrupts.deferred():
-            landed.append(blocking.call(lambda: time.sleep(1.2) or "trained", what="a loop", expected=1.0))
+            landed.append(blocking.call(lambda: time.sleep(0.5) or "trained", what="a loop", expected=0.4))
             landed.append("saved")
     assert landed == ["trained", "saved"]
     assert raised.value.signum == signal.SIGINT and not isinstance(raised.value, blocking.Abandoned)
@@ -158,10 +159,10 @@ def test_a_signal_inside_a_deferred_block_abandons_work_still_blocked_after_its_
     started = time.monotonic()
     with pytest.raises(blocking.Abandoned) as raised:
         with interrupts.deferred():
-            blocking.call(blocked, what="the train loop at global step 4", expected=0.2)
+            blocking.call(blocked, what="the train loop at global step 4", expected=0.1)
             landed.append("saved")
     # GRACE after the signal, which comes before twice what the work is expected to take.
-    assert 0.9 <= time.monotonic() - started < 3
+    assert 0.4 <= time.monotonic() - started < 2.5
     assert landed == [] and raised.value.signum == signal.SIGTERM
     assert interrupts.held() is None  # nothing stale is left for the next block
     assert blocking.call(pow, 2, 3, what="the next work") == 8  # in a thread of its own

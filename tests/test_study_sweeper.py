@@ -2,8 +2,11 @@
 interrupted trial is asked again in its own folder with its parameters, a finished job the study was not told of
 is told on the next run, processes sharing a study draw their own points, and a study that does not fit the
 sweep, or a storage that cannot hold one, is one line that names the real problem."""
+import contextlib
+import datetime
 import json
 import os
+import sqlite3
 import threading
 import time
 
@@ -88,12 +91,21 @@ def test_a_trial_of_a_process_whose_heartbeat_stopped_is_retried_afresh_in_this_
     alive = Launcher(tmp_path / "b")
     study_sweeper.sweep(config(tmp_path / "b", storage), alive, settings(n_trials=1, storage=storage), [])
     assert [t.state for t in trials(storage)] == [TrialState.RUNNING, TrialState.COMPLETE]  # not stale yet
-    time.sleep(study_sweeper.GRACE_S + 1)  # SQLite keeps a heartbeat's time to the second: a whole second more
+    _age_heartbeats(tmp_path / "optuna.db", study_sweeper.GRACE_S + 1)  # as that long a wait would
     later = Launcher(tmp_path / "c")
     study_sweeper.sweep(config(tmp_path / "c", storage), later, settings(n_trials=1, storage=storage), [])
     assert [t.state for t in trials(storage)] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     assert later.launched[0][1:] == ("2", first.launched[0][2])  # its parameters, in this folder, afresh
     assert trials(storage)[2].user_attrs["run_dir"] == str(tmp_path / "c" / "2")
+
+
+def _age_heartbeats(database, seconds):
+    """Moves every heartbeat in a SQLite study `seconds` into the past, in the format Optuna's storage writes."""
+    with contextlib.closing(sqlite3.connect(database)) as connection, connection:
+        for row, beat in connection.execute("SELECT trial_heartbeat_id, heartbeat FROM trial_heartbeats").fetchall():
+            aged = datetime.datetime.fromisoformat(beat) - datetime.timedelta(seconds=seconds)
+            connection.execute("UPDATE trial_heartbeats SET heartbeat = ? WHERE trial_heartbeat_id = ?",
+                               (aged.strftime("%Y-%m-%d %H:%M:%S.%f"), row))
 
 
 def test_a_finished_job_the_study_could_not_be_told_of_ends_in_one_line_and_is_told_on_the_next_run(

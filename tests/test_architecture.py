@@ -239,6 +239,7 @@ def profile(frame, event, arg):
         print(json.dumps(callers), flush=True)
         os._exit(0)
 
+import hydra, keras, tensorflow  # imported before the profile, which would see each of their calls: no file of the path
 sys.argv = ["run.py", *sys.argv[3:]]
 sys.setprofile(profile)
 runpy.run_path(os.path.join(project, "run.py"), run_name="__main__")

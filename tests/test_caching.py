@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tf_harness.data import TASKS, caching
 from tf_harness.data.errors import ConfigError
+from tf_harness.data.iterators import make_iterator
 from tests.conftest import PROJECT, compose, run_cli, tables_of, task_of, wait_for_checkpoint
 from tests.refusals import assert_names, raises_naming
 
@@ -176,7 +177,7 @@ def test_memory_cache_iterators_are_kept_out_of_checkpoints(tmp_path):
     data = data.map(lambda x: tf.cast(x, tf.uint8)).cache().repeat()
     sizes = []
     for elements in (100, 2000):
-        iterator = iter(data)
+        iterator = make_iterator(data)
         for _ in range(elements):
             next(iterator)
         prefix = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / f"after-{elements}" / "ckpt"))

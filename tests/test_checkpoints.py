@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_harness.data.iterators import make_iterator
 from tf_harness.experiments.config.settings import Settings
 from tf_harness.experiments.run_dir import checkpoints
 from tests.refusals import assert_error, assert_names, one_naming, raises_naming
@@ -58,7 +59,7 @@ def test_a_damaged_input_iterator_state_is_skipped_by_training_and_read_by_evalu
     from the checkpoint before it, and refuses in one line to train over it; evaluation, which restores no
     iterator, still reads it."""
     weights = tf.Variable(tf.zeros([4]))
-    iterator = iter(tf.data.Dataset.range(1000).shuffle(100, seed=1).batch(4))
+    iterator = make_iterator(tf.data.Dataset.range(1000).shuffle(100, seed=1).batch(4))
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=weights, input_iterator=iterator),
                                          str(tmp_path), max_to_keep=5)
     first = _save(manager, weights, tf.ones([4]), 2)

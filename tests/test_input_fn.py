@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tf_harness.data.input_fn import Pipeline
+from tf_harness.data.iterators import make_iterator
 from tf_harness.experiments.config.settings import Settings
 from tf_harness.experiments.training.trainer import Trainer
 from tests.conftest import compose, make_input, tables_of
@@ -43,9 +44,9 @@ def test_evaluation_sees_every_example_exactly_once(cfg, tables):
 
 def test_the_training_stream_is_seeded(tables):
     seeded = {seed: compose(*OVERRIDES, "deterministic=true", f"seed={seed}") for seed in (1, 2)}
-    first = next(iter(make_input(seeded[1], tables["train"], training=True, split="train")))
-    again = next(iter(make_input(seeded[1], tables["train"], training=True, split="train")))
-    other = next(iter(make_input(seeded[2], tables["train"], training=True, split="train")))
+    first = next(make_iterator(make_input(seeded[1], tables["train"], training=True, split="train")))
+    again = next(make_iterator(make_input(seeded[1], tables["train"], training=True, split="train")))
+    other = next(make_iterator(make_input(seeded[2], tables["train"], training=True, split="train")))
     assert first[0].numpy().max() > first[0].numpy().min()
     np.testing.assert_array_equal(first[0].numpy(), again[0].numpy())
     np.testing.assert_array_equal(first[1].numpy(), again[1].numpy())
@@ -66,7 +67,7 @@ def test_train_and_eval_steps_are_traced_once_across_epochs_and_evaluations(cfg,
     trainer = Trainer(Settings.from_config(compose(*OVERRIDES, "model=semi_alexnet")), SPEC, tf.distribute.get_strategy(), (32, 32))
     # A few rows of each split: three steps to an epoch, and an evaluation whose last batch is padded.
     train_rows, validation_rows = tables["train"].head(24), tables["validation"].head(13)
-    train = iter(make_input(cfg, train_rows, training=True, split="train"))
+    train = make_iterator(make_input(cfg, train_rows, training=True, split="train"))
     validation = make_input(cfg, validation_rows, training=False, split="validation")
     steps_per_epoch = len(train_rows) // 8
     for _ in range(steps_per_epoch + 2):  # crosses an epoch boundary
@@ -129,7 +130,7 @@ def test_an_input_checkpoint_at_nih_size_is_small_and_quick_to_save(cfg, tables,
     sample = tables["train"]
     rows = sample.sample(112_120, replace=True, random_state=0).reset_index(drop=True)
     data = make_input(cfg, rows, training=True, split="train")
-    iterator = iter(data)
+    iterator = make_iterator(data)
     next(iterator)
     checkpoint = tf.train.Checkpoint(iterator=iterator)
     started = time.perf_counter()
@@ -138,6 +139,6 @@ def test_an_input_checkpoint_at_nih_size_is_small_and_quick_to_save(cfg, tables,
     size = sum(path.stat().st_size for path in tmp_path.glob("input*"))
     assert size < 4_000_000, f"{size} bytes"  # 112,120 row numbers are 0.9 MB
     assert seconds < 3.0, f"{seconds:.2f} s"  # about 0.1 s here; the bound leaves room for a loaded machine
-    restored = iter(data)
+    restored = make_iterator(data)
     tf.train.Checkpoint(iterator=restored).read(saved).assert_consumed()
     np.testing.assert_array_equal(next(restored)[1], next(iterator)[1])

@@ -19,6 +19,7 @@ from tf_harness.data.image_table import ImageTableRecords
 from tf_harness.data.input_fn import record_source
 from tf_harness.data.integrity import unreadable
 from tf_harness.data.integrity.skipped import SkipLog
+from tf_harness.data.iterators import make_iterator
 from tf_harness.data.samples.lfw_pairs import make_sample
 from tf_harness.data.sources import SampledRecords
 from tf_harness.experiments.config.schema import first_problem
@@ -225,7 +226,7 @@ def test_training_pairs_depend_only_on_the_seed(sample_tables):
 
 def test_sampler_iterator_checkpoint_restores_the_next_element(sample_tables, tmp_path):
     records = task_of(compose("dataset=lfw_pairs")).train_records(sample_tables["train"], 3).batch(4)
-    iterator = iter(records)
+    iterator = make_iterator(records)
     for _ in range(5):
         next(iterator)
     checkpoint = tf.train.Checkpoint(iterator=iterator)
@@ -254,7 +255,7 @@ def test_batched_draws_are_the_training_pairs_as_rows_of_the_sorted_images(sampl
     paths = task.training_images(train).path.to_numpy(dtype=str)
     for seed in (3, 3 + 7919):
         drawn = list(task.train_draws(train, seed, 48).take(4).as_numpy_iterator())
-        expected = next(iter(task.train_records(train, seed).batch(4 * 48)))
+        expected = next(make_iterator(task.train_records(train, seed).batch(4 * 48)))
         rows = {key: np.concatenate([batch[key] for batch in drawn]) for key in drawn[0]}
         assert paths[rows["row_a"]].tolist() == [path.decode() for path in expected["path_a"].numpy()]
         assert paths[rows["row_b"]].tolist() == [path.decode() for path in expected["path_b"].numpy()]
@@ -305,13 +306,13 @@ def test_an_image_table_iterator_resumes_exactly_and_its_checkpoints_hold_no_tab
     sizes = {}
     for kind, budget in (("table", 1024), ("files", 0)):
         cfg.pipeline.image_table_mb = budget
-        iterator = iter(make_input(cfg, table, training=True, split="train"))
+        iterator = make_iterator(make_input(cfg, table, training=True, split="train"))
         for _ in range(5):
             next(iterator)
         prefix = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / kind / "ckpt"))
         sizes[kind] = _checkpoint_bytes(prefix)
         expected = [next(iterator) for _ in range(4)]
-        resumed = iter(make_input(cfg, table, training=True, split="train"))
+        resumed = make_iterator(make_input(cfg, table, training=True, split="train"))
         tf.train.Checkpoint(iterator=resumed).restore(prefix).assert_existing_objects_matched()
         _same_batches([tf.nest.map_structure(np.asarray, batch) for batch in expected],
                       [tf.nest.map_structure(np.asarray, next(resumed)) for _ in range(4)])
@@ -367,9 +368,9 @@ def test_images_that_fail_to_decode_are_reported_and_left_out_of_the_table(sampl
     # Left out of the table: the pairs are drawn over the images that decoded.
     assert source.count == len(table) - 2 == len(source.table)
     assert not set(map(str, damaged)) & set(source.table.path)
-    drawn = next(iter(task.train_draws(source.table, 0, 512)))
+    drawn = next(make_iterator(task.train_draws(source.table, 0, 512)))
     assert int(tf.reduce_max([drawn["row_a"], drawn["row_b"]])) < source.count
-    features, labels, weights = next(iter(source.batches(0, batch_size=4)))
+    features, labels, weights = next(make_iterator(source.batches(0, batch_size=4)))
     assert features[0].shape == (4, 16, 16, 3) and labels.shape == (4, 1)
 
 
@@ -380,7 +381,7 @@ def test_with_no_image_decoding_there_is_no_table_and_the_file_pipeline_stops_th
         data = make_input(cfg, table, training=True, split="train")
     assert f"lfw_pairs: {len(table)} of the {len(table)} training images failed to decode" in caplog.text
     with pytest.raises(tf.errors.InvalidArgumentError, match=unreadable.FAILED_IN_A_ROW):
-        next(iter(data))
+        next(make_iterator(data))
 
 
 def test_a_run_started_before_the_image_table_goes_on_reading_the_files_it_checkpointed(sample, tmp_path, caplog):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_harness.data.iterators import make_iterator
 from tf_harness.experiments.evaluation import metrics_history
 from tests.conftest import run_cli
 from tests.refusals import assert_names, raises_naming
@@ -63,7 +64,7 @@ def trainable(trainer):
 def update_norm(trainer, steps=1):
     """The global norm of what `steps` train steps changed the trainable weights by."""
     before = trainable(trainer)
-    loop = trainer.train_loop(iter(pairs().repeat().batch(BATCH)), steps)
+    loop = trainer.train_loop(make_iterator(pairs().repeat().batch(BATCH)), steps)
     change = [after - old for old, after in zip(before, trainable(trainer))]
     return float(np.sqrt(sum(np.sum(np.square(c.astype(np.float64))) for c in change))), loop
 
@@ -92,7 +93,7 @@ def test_under_float16_a_step_the_loss_scale_skips_leaves_its_infinite_gradient_
     try:
         tf.keras.utils.set_random_seed(0)
         trainer = make_trainer("pipeline.dtype=float16", "trainer.clip_global_norm=1.0")
-        batches = iter(pairs().repeat().batch(BATCH))
+        batches = make_iterator(pairs().repeat().batch(BATCH))
         trainer.optimizer.dynamic_scale.assign(2.0 ** 100)  # any gradient overflows float16 at this scale
         overflowed = trainer.train_loop(batches, 1)
         trainer.optimizer.dynamic_scale.assign(1.0)
@@ -125,7 +126,7 @@ def test_the_moving_average_follows_each_update_and_is_in_the_checkpoint(tmp_pat
     trainer = make_trainer("trainer.ema_decay=0.75")
     with trainer.averaged() as swapped:
         assert not swapped  # no update yet: no average to swap in
-    batches = iter(pairs().repeat().batch(BATCH))
+    batches = make_iterator(pairs().repeat().batch(BATCH))
     expected = None
     for _ in range(3):
         trainer.train_loop(batches, 1)
@@ -148,8 +149,8 @@ def test_the_moving_average_follows_each_update_and_is_in_the_checkpoint(tmp_pat
 
 def test_an_interrupted_evaluation_leaves_the_trained_weights_in_the_model():
     trainer = make_trainer("trainer.ema_decay=0.5")
-    trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
-    trainer.train_loop(iter(pairs(2.0).repeat().batch(BATCH)), 1)
+    trainer.train_loop(make_iterator(pairs().repeat().batch(BATCH)), 1)
+    trainer.train_loop(make_iterator(pairs(2.0).repeat().batch(BATCH)), 1)
     weights = trainable(trainer)
     with pytest.raises(KeyboardInterrupt):
         with trainer.averaged():
@@ -169,8 +170,8 @@ def test_evaluation_scores_the_averaged_weights(tmp_path):
     trainer = make_trainer("trainer.ema_decay=0.5")
     cfg = compose("dataset=lfw_pairs", "pipeline.image_size=48", f"pipeline.batch_size={BATCH}", "trainer.eval_steps=1")
     task, tables, pipeline = task_of(cfg), tables_of(cfg), Settings.from_config(cfg).input_pipeline()
-    trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
-    trainer.train_loop(iter(pairs(2.0).repeat().batch(BATCH)), 1)
+    trainer.train_loop(make_iterator(pairs().repeat().batch(BATCH)), 1)
+    trainer.train_loop(make_iterator(pairs(2.0).repeat().batch(BATCH)), 1)
     optimizer = trainer.optimizer
     averages = [average.numpy() for average in optimizer._model_variables_moving_average]
     seen = []
@@ -194,8 +195,8 @@ def test_a_warm_start_from_an_ema_run_takes_the_averaged_weights_and_says_so(tmp
     from tf_harness.experiments.training import warm_start
 
     source = make_trainer("trainer.ema_decay=0.5")
-    source.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
-    source.train_loop(iter(pairs(2.0).repeat().batch(BATCH)), 1)
+    source.train_loop(make_iterator(pairs().repeat().batch(BATCH)), 1)
+    source.train_loop(make_iterator(pairs(2.0).repeat().batch(BATCH)), 1)
     prefix = source.checkpoint().save(str(tmp_path / "ckpt"))
     warm = make_trainer()
     with caplog.at_level(logging.INFO):
@@ -270,8 +271,8 @@ def test_accumulating_n_batches_trains_as_one_batch_n_times_larger(monkeypatch, 
     large = flat_trainer(monkeypatch, f"pipeline.batch_size={2 * BATCH}")
     accumulated = flat_trainer(monkeypatch, "trainer.accumulate_steps=2", *loop)
     assert accumulated.examples_per_step == large.examples_per_step == 2 * BATCH
-    large_batches = iter(faces(64).batch(2 * BATCH).repeat())
-    small_batches = iter(faces(64).batch(BATCH).repeat())
+    large_batches = make_iterator(faces(64).batch(2 * BATCH).repeat())
+    small_batches = make_iterator(faces(64).batch(BATCH).repeat())
     for steps in (1, 2):
         wide, accumulating = large.train_loop(large_batches, steps), accumulated.train_loop(small_batches, steps)
         assert accumulating.steps == wide.steps == steps and accumulating.sums.keys() == wide.sums.keys()
@@ -282,14 +283,14 @@ def test_accumulating_n_batches_trains_as_one_batch_n_times_larger(monkeypatch, 
     for mine, theirs in zip(trainable(accumulated), trainable(large)):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
     # Six batches were taken, no more: the iterator stands at the seventh.
-    np.testing.assert_array_equal(next(small_batches)[0][0], next(iter(faces(64).batch(BATCH).skip(6)))[0][0])
+    np.testing.assert_array_equal(next(small_batches)[0][0], next(make_iterator(faces(64).batch(BATCH).skip(6)))[0][0])
 
 
 def test_a_non_finite_batch_skips_its_whole_update(monkeypatch):
     trainer = make_trainer("trainer.accumulate_steps=2")  # batch norm: its statistics are kept too
-    trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
+    trainer.train_loop(make_iterator(pairs().repeat().batch(BATCH)), 1)
     before = [v.numpy().copy() for v in trainer.model.variables + trainer.optimizer.variables]
-    one_bad = iter(pairs().batch(BATCH).concatenate(pairs(float("nan")).batch(BATCH)).repeat())
+    one_bad = make_iterator(pairs().batch(BATCH).concatenate(pairs(float("nan")).batch(BATCH)).repeat())
     loop = trainer.train_loop(one_bad, 1)
     assert (loop.steps, loop.nonfinite, trainer.step) == (1, 1, 2)
     for old, new in zip(before, [v.numpy() for v in trainer.model.variables + trainer.optimizer.variables]):
@@ -298,7 +299,7 @@ def test_a_non_finite_batch_skips_its_whole_update(monkeypatch):
 
 def test_accumulation_resumes_exactly_from_a_checkpoint(monkeypatch, tmp_path):
     def batches():
-        return iter(faces(64).batch(BATCH).repeat())
+        return make_iterator(faces(64).batch(BATCH).repeat())
 
     straight = flat_trainer(monkeypatch, "trainer.accumulate_steps=3", "trainer.ema_decay=0.5")
     straight.train_loop(batches(), 3)
@@ -410,7 +411,7 @@ def test_a_checkpoint_holds_the_evaluations_before_its_step_and_a_resume_counts_
     overrides = ("trainer.early_stopping.patience=1", "trainer.keep_best=true")
     made = recipes_of(tmp_path, *overrides)
     evaluate_at(made, tmp_path, 2, 0.8)
-    made.trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 2)  # the evaluation enters the state here
+    made.trainer.train_loop(make_iterator(pairs().repeat().batch(BATCH)), 2)  # the evaluation enters the state here
     before = made.trainer.checkpoint().save(str(tmp_path / "before" / "ckpt"))  # ckpt-4, before its evaluation
     evaluate_at(made, tmp_path, 4, 0.7)
     assert made.stopped
@@ -427,7 +428,7 @@ def test_a_checkpoint_holds_the_evaluations_before_its_step_and_a_resume_counts_
     assert resumed.stopped and (resumed.last, resumed.best_step, resumed.since_best) == (4, 2, 1)
     evaluate_at(resumed, tmp_path, 4, 0.7)  # counted once only
     assert resumed.since_best == 1
-    resumed_trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
+    resumed_trainer.train_loop(make_iterator(pairs().repeat().batch(BATCH)), 1)
     assert [int(v.numpy()) for v in (resumed_trainer.progress.evaluated, resumed_trainer.progress.since_best)] == [4, 1]
 
 
@@ -595,7 +596,7 @@ def test_frozen_variables_and_their_batch_norm_statistics_stay_as_they_were(capl
     with caplog.at_level(logging.INFO):
         trainer = make_trainer("trainer.freeze='^tower/'", "trainer.ema_decay=0.5")
     before = by_path(trainer)
-    trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 2)
+    trainer.train_loop(make_iterator(pairs().repeat().batch(BATCH)), 2)
     after = by_path(trainer)
     tower = [path for path in before if path.startswith("tower/")]
     assert any("moving_mean" in path for path in tower)  # the batch-norm statistics, in inference mode
@@ -614,7 +615,7 @@ def test_a_learning_rate_multiplier_scales_the_update_of_the_variables_it_matche
         trainer = make_trainer("trainer.optimizer=sgd", "trainer.momentum=0.0", "trainer.learning_rate=0.1",
                                *overrides)
         before = by_path(trainer)
-        trainer.train_loop(iter(pairs().repeat().batch(BATCH)), 1)
+        trainer.train_loop(make_iterator(pairs().repeat().batch(BATCH)), 1)
         return {path: value - before[path] for path, value in by_path(trainer).items()}
 
     plain = change()
@@ -674,7 +675,7 @@ def test_the_recipes_compile_with_xla_as_a_gpu_runs_them(monkeypatch):
     plain = flat_trainer(monkeypatch, "trainer.jit_compile=false", *recipe)
     assert compiled.jit_compile and not plain.jit_compile
     for trainer in (compiled, plain):
-        batches = iter(faces(64).batch(BATCH).repeat())
+        batches = make_iterator(faces(64).batch(BATCH).repeat())
         loop = trainer.train_loop(batches, 2)
         assert loop.steps == 2 and loop.means["gradient_norm"] > 0.01 and trainer.step == 2
     for mine, theirs in zip(compiled.model.variables + compiled.optimizer.variables,

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.plugins.pr_curve import metadata as pr_metadata
 
+from tf_harness.data.iterators import make_iterator
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.experiments.config.settings import Settings
 from tests.conftest import compose, event_tags, make_input, run_cli, tables_of, task_of
@@ -44,9 +45,9 @@ def test_training_inputs_come_augmented_and_normalised_from_the_first_batch_the_
     from tf_harness.experiments.runner import Controller
     cfg = compose("dataset=lfw_pairs", "experiment=smoke")
     preprocess = Settings.from_config(cfg).preprocessing()
-    iterator = iter(make_input(cfg, tables_of(cfg)["train"], training=True, split="train"))
+    iterator = make_iterator(make_input(cfg, tables_of(cfg)["train"], training=True, split="train"))
     next(iterator)  # somewhere in the stream, as after a resume
-    expected = iter(make_input(cfg, tables_of(cfg)["train"], training=True, split="train"))
+    expected = make_iterator(make_input(cfg, tables_of(cfg)["train"], training=True, split="train"))
     next(expected)
     (expected_a, _), expected_labels, _ = next(expected)
     shown = []

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from tf_harness.data import TASKS
 from tf_harness.data.errors import ConfigError, DatasetError
+from tf_harness.data.iterators import make_iterator
 from tf_harness.data.sources import TableRecords
 from tf_harness.data.tfrecords import layout, writer
 from tf_harness.experiments.config.settings import Settings
@@ -313,7 +314,7 @@ def test_reader_gives_what_the_file_pipeline_gives(converted, files_element_spec
     for training, split in ((True, "train"), (False, "validation")):
         from_shards = make_input(_override(cfg, "pipeline.source=tfrecord"), tables[split], training, split)
         assert from_shards.element_spec == files_element_spec(dataset, training, tables[split])
-        next(iter(from_shards))
+        next(make_iterator(from_shards))
 
 
 def test_training_stream_is_shuffled_endless_and_whole_per_epoch(converted):
@@ -340,12 +341,12 @@ def test_a_restored_input_checkpoint_resumes_the_exact_stream(converted, encodin
     """The runner saves the input iterator with trainer.checkpoint_input; shards must resume exactly."""
     cfg, _, tables = converted("chest_xray", encoding)
     cfg = _override(cfg, "pipeline.source=tfrecord", "deterministic=true")
-    iterator = iter(make_input(cfg, tables["train"], True, "train"))
+    iterator = make_iterator(make_input(cfg, tables["train"], True, "train"))
     for _ in range(10):
         next(iterator)
     saved = tf.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
     expected = [next(iterator) for _ in range(3)]
-    restored = iter(make_input(cfg, tables["train"], True, "train"))
+    restored = make_iterator(make_input(cfg, tables["train"], True, "train"))
     tf.train.Checkpoint(iterator=restored).restore(saved)
     for batch in expected:
         for a, b in zip(tf.nest.flatten(batch), tf.nest.flatten(next(restored)), strict=True):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_harness.data.iterators import make_iterator
 from tf_harness.data.spec import DatasetSpec
 from tf_harness.data.task import Task
 from tf_harness.experiments.config.settings import Settings
@@ -63,7 +64,7 @@ def slow_and_cached():
     slow = pairs().repeat().map(lambda features, label, weight: (
         features, tf.ensure_shape(tf.numpy_function(sleep, [label], tf.float32, stateful=True), [1]), weight))
     cached = pairs().repeat(8).cache().repeat().batch(BATCH).prefetch(tf.data.AUTOTUNE)
-    return iter(slow.batch(BATCH).prefetch(1)), iter(cached)
+    return make_iterator(slow.batch(BATCH).prefetch(1)), make_iterator(cached)
 
 
 def while_loop_function(trainer, iterator, part):
@@ -92,7 +93,7 @@ def test_steps_per_loop_null_means_one_step_calls_on_cpu_alone():
     """No GPU here: null resolves to 1, and a one-step call runs without the while loop."""
     trainer = make_trainer()
     assert trainer.steps_per_loop == 1
-    batches = iter(pairs().repeat().batch(BATCH))
+    batches = make_iterator(pairs().repeat().batch(BATCH))
     stats = trainer.train_loop(batches, 1)
     assert stats.steps == 1 and stats.nonfinite == 0 and np.isfinite(stats.loss)
     assert trainer._one.experimental_get_tracing_count() == 1 and trainer._loop.experimental_get_tracing_count() == 0
@@ -106,8 +107,8 @@ def test_later_loops_run_in_a_waited_thread_on_the_first_loops_trace(steps_per_l
     the thread experiments/run_dir/blocking.py waits on, and reuses that trace: Keras keeps settings per thread."""
     from tf_harness.experiments.run_dir import blocking
     trainer = make_trainer(f"trainer.steps_per_loop={steps_per_loop}")
-    iterator = iter(pairs().repeat().batch(BATCH, drop_remainder=True))  # as input_fn batches training input
-    first = iter(tf.data.Dataset.from_tensors(blocking.call(next, iterator, what="the first batch")))
+    iterator = make_iterator(pairs().repeat().batch(BATCH, drop_remainder=True))  # as input_fn batches training input
+    first = make_iterator(tf.data.Dataset.from_tensors(blocking.call(next, iterator, what="the first batch")))
     assert trainer.train_loop(first, 1).steps == 1
     for _ in range(2):
         stats = blocking.call(trainer.train_loop, iterator, steps_per_loop, what="a loop", expected=60.0)
@@ -129,7 +130,7 @@ class TripledLoss(Pairs):
 
 
 def test_the_train_and_eval_steps_take_their_loss_from_the_task():
-    batch = next(iter(pairs().repeat().batch(BATCH)))
+    batch = next(make_iterator(pairs().repeat().batch(BATCH)))
     results = []
     for task in (Pairs(decode=None, seed=0), TripledLoss(decode=None, seed=0)):
         keras.utils.set_random_seed(7)  # the same initial weights for both
@@ -147,7 +148,7 @@ def variables(trainer):
 
 
 def test_a_non_finite_step_is_skipped_and_max_in_a_row_stops_the_loop(trainer):
-    good, bad = (iter(pairs(weight).repeat().batch(BATCH)) for weight in (1.0, float("nan")))
+    good, bad = (make_iterator(pairs(weight).repeat().batch(BATCH)) for weight in (1.0, float("nan")))
     trainer.train_loop(good, 1)
     before, step = variables(trainer), trainer.step
     loop = trainer.train_loop(bad, 2)
@@ -168,9 +169,9 @@ def test_steps_after_the_stop_within_a_loop_change_nothing():
     step nothing, so the runner stops on weights as they were at the third skipped step."""
     trainer = make_trainer()
     good = pairs().repeat().batch(BATCH)
-    trainer.train_loop(iter(good), 1)
+    trainer.train_loop(make_iterator(good), 1)
     before, step = variables(trainer), trainer.step
-    three_bad_then_good = iter(pairs(float("nan")).repeat().batch(BATCH).take(3).concatenate(good))
+    three_bad_then_good = make_iterator(pairs(float("nan")).repeat().batch(BATCH).take(3).concatenate(good))
     loop = trainer.train_loop(three_bad_then_good, 10)
     assert (loop.steps, loop.nonfinite, loop.nonfinite_in_a_row) == (3, 3, 3)
     assert trainer.step == step + 3 and np.isnan(loop.loss)
@@ -182,7 +183,7 @@ def test_the_loop_condition_reads_only_the_step_count():
     """The while loop's condition must not read a device value: on a GPU that read waits for every step to
     finish before the host may fetch and launch the next, and the device idles meanwhile."""
     trainer = make_trainer("trainer.steps_per_loop=2")
-    batches = iter(pairs().repeat().batch(BATCH))
+    batches = make_iterator(pairs().repeat().batch(BATCH))
     trainer.train_loop(batches, 2)
     loop, cond, fed_by = while_loop_function(trainer, batches, "cond")
     read = {fed_by[name.split(":")[0]] for node in cond.node_def for name in node.input if name in fed_by}
@@ -204,7 +205,7 @@ def test_fetching_ahead_trains_the_same_steps_and_leaves_the_iterator_at_them():
     for ahead in ("false", "true"):
         tf.keras.utils.set_random_seed(0)
         trainers.append(make_trainer("trainer.steps_per_loop=4", f"trainer.fetch_ahead={ahead}"))
-        iterators.append(iter(numbered(100)))
+        iterators.append(make_iterator(numbered(100)))
         for steps in (4, 1, 3):
             loop = trainers[-1].train_loop(iterators[-1], steps)
             assert loop.steps == steps and loop.nonfinite == 0
@@ -217,7 +218,7 @@ def test_fetching_ahead_trains_the_same_steps_and_leaves_the_iterator_at_them():
     assert [float(next(iterator)[2][0]) for iterator in iterators] == [9.0, 9.0]  # the ninth batch is next
 
     before = variables(ahead)  # the stop after max_nonfinite_steps in a row, fetching ahead
-    three_bad = iter(pairs(float("nan")).repeat().batch(BATCH).take(3).concatenate(numbered(100)))
+    three_bad = make_iterator(pairs(float("nan")).repeat().batch(BATCH).take(3).concatenate(numbered(100)))
     loop = ahead.train_loop(three_bad, 6)
     assert (loop.steps, loop.nonfinite, loop.nonfinite_in_a_row) == (3, 3, 3) and ahead.step == 11
     for old, new in zip(before, variables(ahead)):
@@ -289,7 +290,7 @@ def test_an_xla_step_trains_as_the_graph_step_and_skips_non_finite_steps_exactly
     for jit_compile in ("false", "true"):
         tf.keras.utils.set_random_seed(0)
         trainers.append(make_trainer(f"trainer.jit_compile={jit_compile}", "pipeline.augment=false"))
-        trainers[-1].train_loop(iter(pairs().repeat().batch(BATCH)), 3)
+        trainers[-1].train_loop(make_iterator(pairs().repeat().batch(BATCH)), 3)
     graph, xla = trainers
     assert xla.jit_compile and not graph.jit_compile and xla.step == graph.step == 3
     # Float noise only (on an H100 the two differed by up to 3e-5 here after 3 steps): a step applied, lost or
@@ -297,14 +298,14 @@ def test_an_xla_step_trains_as_the_graph_step_and_skips_non_finite_steps_exactly
     for old, new in zip(variables(graph), variables(xla)):
         np.testing.assert_allclose(new, old, rtol=1e-3, atol=1e-4)
     before = variables(xla)
-    loop = xla.train_loop(iter(pairs(float("nan")).repeat().batch(BATCH)), 10)
+    loop = xla.train_loop(make_iterator(pairs(float("nan")).repeat().batch(BATCH)), 10)
     assert (loop.steps, loop.nonfinite, loop.nonfinite_in_a_row) == (3, 3, 3)  # stops at the third in a row
     for old, new in zip(before, variables(xla)):  # weights, batch-norm statistics and optimizer state
         np.testing.assert_array_equal(old, new)
 
 
 def test_non_finite_evaluation_loss_raises(trainer):
-    batch = next(iter(pairs().batch(BATCH)))
+    batch = next(make_iterator(pairs().batch(BATCH)))
     trainer.eval_step(*batch)
     bias = trainer.model.get_layer("logits").bias
     kept = bias.numpy()

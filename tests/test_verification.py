@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tf_harness.data.integrity.skipped import SkipLog
 from tf_harness.data.integrity.verification import check_files, problem
+from tf_harness.data.iterators import make_iterator
 from tests.conftest import compose, convert_shards, make_input, run_cli, tables_of, task_of
 from tests.refusals import assert_error, assert_names, one_naming
 
@@ -222,7 +223,7 @@ def test_training_stops_with_one_line_when_no_record_decodes(tmp_path, real):
     table = table.assign(path=str(tmp_path / "absent.png"))
     data = make_input(cfg, table, training=True, split="train")
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"{len(table)} {unreadable.FAILED_IN_A_ROW}"):
-        next(iter(data))
+        next(make_iterator(data))
 
 
 @pytest.mark.slow  # end-to-end runs

@@ -579,7 +579,7 @@ def test_predict_refuses_a_named_pipe_at_predictions_csv_in_one_line_without_wai
     from tf_harness.experiments import api
     from tests.shared_runs import SMOKE
 
-    run_dir = shared_runs.copy(*SMOKE["imagenet_det"], to=tmp_path / "run")
+    run_dir = shared_runs.copy(*SMOKE["lfw_pairs"], to=tmp_path / "run")  # the run test_api.py copies too
     os.mkfifo(run_dir / "predictions.csv")
 
     def waited(signum, frame):

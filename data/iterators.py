@@ -36,7 +36,9 @@ class _Dropping:
     def drop(self, held: list, getpid=os.getpid) -> None:
         """Empties `held`, a list only this call's caller holds, in this process's thread; in a process without
         one (an iterator a forked child took from its parent), the caller's list is left to empty itself. Takes no
-        lock, and SimpleQueue.put is reentrant: a garbage collection may call it anywhere, inside `start` too."""
+        lock, and SimpleQueue.put is reentrant: a garbage collection may call it anywhere, inside `start` too.
+        `getpid` is bound as the module loads, as `_Iterator.__del__` binds `dropping`: at the interpreter's exit
+        the module's globals may be gone before the last iterator is."""
         started = self.started
         if started is not None and started[0] == getpid():
             started[1].put(held)

@@ -108,10 +108,14 @@ def _reason(path) -> str:
         tf.io.decode_image(tf.io.read_file(path), expand_animations=False).numpy()
     except tf.errors.OpError as error:
         resources.raise_if_exhausted(error, f"decoding {path} again")  # no verdict on the file, then
-        # "{{function_node ...}} Invalid PNG data, size 223248 [Op:DecodeImage] name:" -> "Invalid PNG data, ..."
-        message = error.message.splitlines()[0].rpartition("}}")[2].partition(" [Op:")[0].strip()
-        return f"undecodable image: damaged inside ({message})"
+        return f"undecodable image: damaged inside ({decode_message(error)})"
     return None
+
+
+def decode_message(error: tf.errors.OpError) -> str:
+    """What a failed decode says, in one line: ``{{function_node ...}} Invalid PNG data, size 223248
+    [Op:DecodeImage] name:`` -> ``Invalid PNG data, size 223248``."""
+    return (error.message.splitlines() or [""])[0].rpartition("}}")[2].partition(" [Op:")[0].strip()
 
 
 def _written_by_guard(name, content: bytes) -> bool:

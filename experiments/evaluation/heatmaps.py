@@ -25,7 +25,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tf_harness.data.errors import ConfigError
-from tf_harness.data.integrity import reading, resources
+from tf_harness.data.integrity import reading, resources, unreadable
 from tf_harness.data.integrity.writing import replacing
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def _readable(task, paths) -> tuple:
             images.append(task.read_image(tf.constant(str(path))).numpy())
         except tf.errors.OpError as error:
             resources.raise_if_exhausted(error, f"decoding {path} for its heatmap")
-            log.info("No heatmap of %s: it does not decode (%s)", path, (error.message.splitlines() or [""])[0])
+            log.info("No heatmap of %s: it does not decode (%s)", path, unreadable.decode_message(error))
             continue
         kept.append(position)
     return kept, np.stack(images) if images else None
